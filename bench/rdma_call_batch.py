@@ -63,6 +63,9 @@ def main() -> int:
     parser.add_argument("--stats", type=int, default=3000, help="stat calls per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--base", help="another checkout to measure as an arm (e.g. ../base)")
+    parser.add_argument(
+        "--base-batch", choices=("0", "1"), default="0", help="NFSRDMA_CALL_BATCH of --base"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # tree: measure once, print JSON
     args = parser.parse_args()
     if args.child:
@@ -70,7 +73,7 @@ def main() -> int:
         return 0
     arms: dict[str, tuple[str, str]] = {}  # name: (tree, NFSRDMA_CALL_BATCH)
     if args.base:
-        arms["base"] = (str(Path(args.base).resolve()), "0")
+        arms["base"] = (str(Path(args.base).resolve()), args.base_batch)
     arms["off"] = (str(HERE), "0")
     arms["batched"] = (str(HERE), "1")
     got: dict[str, list[dict[str, float]]] = {name: [] for name in arms}

@@ -1,5 +1,5 @@
 """What one RPC-over-RDMA reply costs the server at the verbs boundary, and how long a call
-takes, with every work request signalled (``signal_every=1``, the default) and with selective
+takes, with every Send signalled (``signal_every=1``, the default) and with selective
 signalling (``signal_every=8``).
 
 Our RPC client and server over RPC-over-RDMA in this process: the in-process provider on the
@@ -15,7 +15,7 @@ rxe), send work requests, signalled ones, receives posted, completions, CQ event
         .venv/bin/python bench/rdma_reply_counts.py --provider rxe
 
 Last line: ``<kind>_<field>_<mode>=…`` for the completions and signalled work requests per
-reply, and ``<kind>_speedup=`` (µs per call with every work request signalled / selective).
+reply, and ``<kind>_speedup=`` (µs per call with every Send signalled / selective).
 """
 
 from __future__ import annotations

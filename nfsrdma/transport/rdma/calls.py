@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.header import Header
-from nfsrdma.transport.rdma.pool import PooledBuffer
+from nfsrdma.transport.rdma.pool import PooledBuffer, memory_address
 from nfsrdma.transport.rdma.provider import MemoryRegion, Sge
 from nfsrdma.xdr.runtime import Buffer, Writer
 
@@ -48,6 +48,14 @@ class Scratch:
             return self.buf.view
         assert self.region is not None
         return self.region.buffer
+
+    @property
+    def memory(self) -> int | None:
+        """Where ``view``'s bytes are in this process (None if unknown)."""
+        if self.buf is not None:
+            return self.buf.memory
+        assert self.region is not None
+        return memory_address(self.region.buffer)
 
     def sge(self, offset: int, length: int) -> Sge:
         if self.buf is not None:

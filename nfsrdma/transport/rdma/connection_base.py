@@ -103,8 +103,9 @@ class RdmaOptions:
     rtrext_tbsn: bool = False
     rtr_plt_segments: int = 8
     # Selective signalling: at most this many Sends in a row without a completion, RDMA Writes
-    # never signalled (``sendqueue``). 1, the default (``NFSRDMA_SIGNAL_EVERY``): every work
-    # request signalled; selective signalling did not measure better with the Linux client.
+    # never signalled (``sendqueue``). 1, the default (``NFSRDMA_SIGNAL_EVERY``): every Send
+    # signalled (but those our requester holds for a loop turn, whose list the queue pair ends
+    # with a signalled one); selective signalling did not measure better with the Linux client.
     signal_every: int = field(default_factory=lambda: signal_every_default())
     # Our calls of one loop turn posted together, one doorbell (``Requester.send_call``);
     # on by default, ``NFSRDMA_CALL_BATCH=0`` posts each call alone.
@@ -163,6 +164,7 @@ class RdmaConnectionBase(Connection):
             ),
         )
         self.peer_pd: privdata.PrivateData | None = None
+        self._may_invalidate: bool | None = None  # responder_may_send_with_invalidate, once
         self.peer_private_data = b""
         self.local_rtr = (
             rtrext.RtrBlock(
@@ -249,6 +251,7 @@ class RdmaConnectionBase(Connection):
         rtrext extension only if both sides sent its block (RT-X1)."""
         self.peer_private_data = bytes(peer)  # as received (the conformance harness reads it)
         self.peer_pd = privdata.decode(peer)
+        self._may_invalidate = None  # Send with Invalidate: decided again from these blocks
         self.rtr = rtrext.negotiate(
             self.local_rtr, rtrext.decode(peer), tbsn_send_room=self._tbsn_send_room
         )
@@ -283,16 +286,21 @@ class RdmaConnectionBase(Connection):
 
     def _post_recv(self, buf: PooledBuffer) -> None:
         assert self.qp is not None
-        self.qp.post_recv(self._wr_id("recv", buf), buf.sge())
+        wr = next(self._wr)
+        self._wr_ctx[wr] = ("recv", buf)
+        self.qp.post_recv(wr, buf.whole)
 
     def _send(
         self,
         pieces: list[Buffer],
         invalidate: int | None = None,
         writes: list[RdmaWriteRequest] | None = None,
+        *,
+        in_turn: bool = False,
     ) -> None:
         """Copy a transport message into a send buffer and post it (or queue it until the
-        connection is established and a send buffer is free)."""
+        connection is established and a send buffer is free). ``in_turn``: the queue pair
+        holds this loop turn's posts (``hold_sends``), so the Send need not be signalled."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
         # Messages leave in the order given: behind anything already waiting.
@@ -304,7 +312,7 @@ class RdmaConnectionBase(Connection):
         if buf is None:
             self._send_backlog.append((pieces, invalidate, writes or []))
             return
-        self._post_send(buf, pieces, invalidate, writes)
+        self._post_send(buf, pieces, invalidate, writes, in_turn=in_turn)
 
     def _send_group(self, transmissions: list[list[Buffer]]) -> None:
         """The transmissions of one continued message, back to back (RT-6): posted here in
@@ -319,27 +327,43 @@ class RdmaConnectionBase(Connection):
         pieces: list[Buffer],
         invalidate: int | None,
         writes: list[RdmaWriteRequest] | None,
+        *,
+        in_turn: bool = False,
     ) -> None:
-        assert self.qp is not None
+        qp = self.qp
+        assert qp is not None
+        view = buf.view
         n = 0
         for p in pieces:
             m = len(p)
-            buf.view[n : n + m] = p
+            view[n : n + m] = p  # a piece beyond the buffer raises here
             n += m
         if self.tap is not None:
-            self.tap(True, bytes(buf.view[:n]))
-        writes = writes or []
+            self.tap(True, bytes(view[:n]))
         sq = self.sq
-        signaled = sq.should_signal(1 + len(writes), pressure=self._pressure(writes))
-        wr = self._wr_id("send", buf)
-        self.qp.post_send(
-            wr, [buf.sge(n)], invalidate_rkey=invalidate, writes=writes, signaled=signaled
-        )
-        sq.posted([*(w.wr_id for w in writes), wr], signaled)
-        self.stats["sends"] += 1
-        self.stats["sends_signaled" if signaled else "sends_unsignaled"] += 1
+        # Every Send is signalled unless selective signalling is on (``signal_every`` > 1),
+        # and only then is there a resource question to ask (``_pressure``); or unless it
+        # goes out in a held list (``in_turn``), whose last work request the queue pair
+        # signals at the end of the loop turn: that completion covers the list (an RC send
+        # queue completes in order), and until then nothing it holds is needed again.
+        if sq.signal_every <= 1:
+            signaled = not in_turn
+        else:
+            signaled = sq.should_signal(1 + len(writes or ()), pressure=self._pressure(writes))
+        wr = next(self._wr)
+        self._wr_ctx[wr] = ("send", buf)
+        sge = Sge(buf.addr, n, buf.lkey)  # within the buffer: the copy above checked
+        if writes:
+            qp.post_send(wr, [sge], invalidate_rkey=invalidate, writes=writes, signaled=signaled)
+            sq.posted([*(w.wr_id for w in writes), wr], signaled)
+        else:
+            qp.post_send(wr, [sge], invalidate_rkey=invalidate, signaled=signaled)
+            sq.posted([wr], signaled)
+        st = self.stats
+        st["sends"] += 1
+        st["sends_signaled" if signaled else "sends_unsignaled"] += 1
 
-    def _pressure(self, writes: list[RdmaWriteRequest]) -> bool:
+    def _pressure(self, writes: list[RdmaWriteRequest] | None) -> bool:
         """Whether the Send about to be posted must be signalled for its resources' sake:
         few send buffers (or Write sources) left, messages waiting for one, or a Write out of
         memory registered for this one use (deregistered only once covered)."""

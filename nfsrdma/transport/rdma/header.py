@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
@@ -37,8 +38,7 @@ ERR_VERS = rpcrdma.ERR_VERS
 ERR_CHUNK = rpcrdma.ERR_CHUNK
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """A plain RDMA segment: ``length`` bytes at ``offset`` in the peer's memory ``handle``."""
 
     handle: int

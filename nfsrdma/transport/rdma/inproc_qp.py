@@ -305,19 +305,23 @@ class InprocConnection:
         held = self._held
         return len(self._unretired) + (len(held) if held is not None else 0)
 
-    def hold_sends(self) -> None:
+    def hold_sends(self) -> bool:
         """Send queue work requests posted from now until the end of this loop turn go to the
         queue pair together, in posting order, with one doorbell (one ``ibv_post_send`` of a
         linked list on a device)."""
         if self._held is None and self._state is _State.RTS:
             self._held = []
             self._loop.call_soon(self._ring_held)
+        return self._held is not None
 
     def _ring_held(self) -> None:
         held, self._held = self._held, None
         if not held:
             return
         self.counts["doorbells"] += 1
+        if not held[-1].signaled:  # the list completes: its last work request says so
+            held[-1].signaled = True
+            self.counts["signaled"] += 1
         for wr in held:
             if self._state is _State.RTS:
                 self._sq.append(wr)

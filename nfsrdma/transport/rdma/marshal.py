@@ -60,6 +60,10 @@ def _length(pieces: list[Buffer]) -> int:
     return sum(len(p) for p in pieces)
 
 
+# The header of an RDMA_MSG call offering nothing but a Reply chunk of one segment.
+_REPLY_CHUNK_HEADER_SIZE = header_size(0, [], 1)
+
+
 def plan_call(
     msg: Writer,
     *,
@@ -69,10 +73,22 @@ def plan_call(
     max_reply: int = 0,
     max_write_chunks: int = 1,
     max_read_chunks: int = 1,
+    direct: bool = True,
 ) -> CallPlan:
     """Plan a call. ``send_limit``/``recv_limit`` are the c→s and s→c inline thresholds
     (PD-7); ``sinks`` the sizes of the caller's buffers for DDP-eligible results in order;
-    ``max_reply`` the largest the reply can be, DDP results excluded (UL-3)."""
+    ``max_reply`` the largest the reply can be, DDP results excluded (UL-3).
+
+    The common shape is decided directly: a call without DDP items or result buffers (a
+    stat's, every small call) that fits inline, with a Reply chunk only when the reply could
+    exceed the s→c threshold. Everything else, or everything with ``direct=False`` (the
+    reference: tests compare the two), takes the general steps below."""
+    if direct and not msg.ddp and not sinks:
+        if max_reply + PLAIN_HEADER_SIZE > recv_limit:  # TR-10
+            if _REPLY_CHUNK_HEADER_SIZE + len(msg) <= send_limit:
+                return CallPlan(RDMA_MSG, [msg], [], [], max_reply)
+        elif PLAIN_HEADER_SIZE + len(msg) <= send_limit:
+            return CallPlan(RDMA_MSG, [msg], [], [], None)
     write_chunks = list((sinks or [])[:max_write_chunks])
     # A Reply chunk whenever the reply could exceed the s→c threshold (TR-10).
     reply_hdr = header_size(0, [1] * len(write_chunks), None)

@@ -12,6 +12,7 @@ buffer touches only a free list; the ``PooledBuffer`` objects themselves are mad
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma.provider import (
@@ -40,11 +41,18 @@ class PooledBuffer:
     # taken once here, not through the pool and region per work request.
     addr: int = field(init=False, repr=False)
     lkey: int = field(init=False, repr=False)
+    # Where ``view``'s bytes are in this process (not the registered address, which a
+    # provider may choose): the pool's once, not a ``ctypes`` look-up per use.
+    memory: int | None = field(init=False, repr=False)
+    whole: Sge = field(init=False, repr=False)  # the element for all of it (a receive's)
 
     def __post_init__(self) -> None:
-        region = self.pool.region
+        pool = self.pool
+        region = pool.region
         self.addr = region.addr + self.offset
         self.lkey = region.lkey
+        self.memory = None if pool.memory is None else pool.memory + self.offset
+        self.whole = Sge(self.addr, len(self.view), self.lkey)
 
     @property
     def size(self) -> int:
@@ -81,6 +89,7 @@ class BufferPool:
         self.buffer_size = buffer_size
         self.region: MemoryRegion = pd.register(count * buffer_size, access)
         memory = self.region.buffer
+        self.memory = memory_address(memory)
         self._buffers = [
             PooledBuffer(self, i, i * buffer_size, memory[i * buffer_size : (i + 1) * buffer_size])
             for i in range(count)
@@ -130,6 +139,14 @@ class BufferPool:
     def close(self) -> None:
         """Deregister the region (buffers stay readable, but no longer usable for verbs)."""
         self.region.deregister()
+
+
+def memory_address(data: object) -> int | None:
+    """Where a writable buffer's bytes are in memory (None for read-only or empty ones)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(data))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):
+        return None
 
 
 def send_pool(pd: ProtectionDomain, count: int, buffer_size: int) -> BufferPool:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import NamedTuple, Protocol, TypeAlias
 
 # rdma_cm private data limits on InfiniBand / RoCE (IB CM REQ, REP and REJ messages).
 IB_CONNECT_PRIVATE_DATA_MAX = 56
@@ -149,8 +149,11 @@ class QueuePairConfig:
     max_inline_data: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Sge:
+# The values made for every message (scatter elements, chained RDMA Writes, completions) are
+# named tuples: immutable like frozen dataclasses, about half the cost to make.
+
+
+class Sge(NamedTuple):
     """A local scatter/gather element: ``length`` bytes at ``addr`` in the region ``lkey``."""
 
     addr: int
@@ -158,8 +161,7 @@ class Sge:
     lkey: int
 
 
-@dataclass(frozen=True, slots=True)
-class RdmaWriteRequest:
+class RdmaWriteRequest(NamedTuple):
     """An RDMA Write to post ahead of a Send in the same ``post_send`` call."""
 
     wr_id: int
@@ -169,8 +171,7 @@ class RdmaWriteRequest:
     signaled: bool = True  # False: no completion unless it fails (covered by a later one)
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
     """One work completion. ``invalidated_rkey`` is set on a receive completed by the peer's
     Send with Invalidate (``IBV_WC_WITH_INV``); that rkey is no longer usable (PD-17 b)."""
 
@@ -311,11 +312,13 @@ class Connection(Protocol):
         in error."""
         ...
 
-    def hold_sends(self) -> None:
+    def hold_sends(self) -> bool:
         """Hold the send queue posts made from now until the end of this loop turn and post
-        them then as one list (one doorbell), in posting order. A post that fails then is
-        error completions of its work requests and a broken connection. May post at once
-        instead (a provider or post path without holding)."""
+        them then as one list (one doorbell), in posting order; the list's last work request
+        goes out signalled whatever was asked for it, so a list posted unsignalled still
+        completes (and covers the rest). A post that fails then is error completions of its
+        work requests and a broken connection. May post at once instead (a provider or post
+        path without holding): returns whether posts are held now."""
         ...
 
     def post_rdma_write(

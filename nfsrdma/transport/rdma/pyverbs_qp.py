@@ -35,6 +35,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import functools
 import logging
@@ -305,6 +306,7 @@ class PyverbsQueuePair:
         self._wrs = ReusedWrs()  # the pyverbs path's Send and RDMA work requests
         self._batch = verbs_batch()
         self._held: list[Chain] | None = None  # chains held back during a dispatch
+        self._signal_last = False  # hold_sends: the held list's last work request signalled
         context = device.context
         self._comp, self._comp_fd = create_with_descriptor(
             lambda: CompChannel(context), COMPLETION_CHANNEL
@@ -511,9 +513,9 @@ class PyverbsQueuePair:
             opcode = wc_opcode(opcode_code)
         elif opcode is not WcOpcode.RECV:
             self._retire(wr_id)
-        status = WcStatus.of(status_code)
+        ok = status_code == 0  # IBV_WC_SUCCESS: no enum look-up for nearly every completion
+        status = WcStatus.SUCCESS if ok else WcStatus.of(status_code)
         invalidated = None
-        ok = status is WcStatus.SUCCESS
         if ok and opcode is WcOpcode.RECV and flags & self._device.with_inv_mask:
             invalidated = imm
         return Completion(wr_id, status, opcode, byte_len if ok else 0, invalidated)
@@ -635,7 +637,7 @@ class PyverbsQueuePair:
 
     def post_recv(self, wr_id: int, sge: Sge) -> None:
         self._track(wr_id, WcOpcode.RECV, sending=False)
-        key = (sge.addr, sge.length, sge.lkey)
+        key = sge  # a named tuple: (addr, length, lkey)
         try:
             wr = self._recv_wrs.get(key)
             if wr is None:
@@ -692,13 +694,17 @@ class PyverbsQueuePair:
     # completions of one CQ event produced (``NFSRDMA_VERBS_BATCH``), and from ``hold_sends``
     # to the end of the loop turn, the calls the requester sends in that turn.
 
-    def hold_sends(self) -> None:
+    def hold_sends(self) -> bool:
         """Send queue chains posted from now until the end of this loop turn (or of the
         dispatch under way) go out together, in posting order, as one list. The direct and
         thread post paths post at once (nothing to hold)."""
         if self._held is None and self._poster is None and not self._closed:
             self._held = []
             self._loop.call_soon(self._ring_held)
+        if self._held is None:
+            return False
+        self._signal_last = True  # (a dispatch's own list ends as its replies were asked)
+        return True
 
     def _chain(self, chain: Chain) -> None:
         held = self._held
@@ -722,7 +728,14 @@ class PyverbsQueuePair:
         connection (their posts already returned to the callers)."""
         held, self._held = self._held, None
         if not held or self._closed:
+            self._signal_last = False
             return
+        last = held[-1]
+        if self._signal_last and not last.flags & e.IBV_SEND_SIGNALED:
+            # The list completes: its last work request says so (``hold_sends``).
+            held[-1] = dataclasses.replace(last, flags=last.flags | e.IBV_SEND_SIGNALED)
+            self.counts["signaled"] += 1
+        self._signal_last = False
         try:
             self._ring(held)
         except PyverbsError as exc:

@@ -136,8 +136,9 @@ class Requester(RdmaConnectionBase):
             reply = [Segment(out.reply_region.rkey, plan.reply_chunk, out.reply_region.addr)]
             self.stats["reply_chunks"] += 1
         self._out[xid] = out
-        if self.options.batch_calls:  # with the other calls of this loop turn, one post
-            self.qp.hold_sends()
+        # With the other calls of this loop turn, one post; the Send unsignalled then (the
+        # held list's last work request is signalled, and its completion covers the rest).
+        held = self.options.batch_calls and self.qp.hold_sends()
         try:
             if cont is not None:
                 out.plain_retry = (msg, expect)
@@ -145,7 +146,7 @@ class Requester(RdmaConnectionBase):
             else:
                 head = hdr.encode(xid, self.options.max_requests, plan.proc, reads, writes, reply)
                 self.credits.sent()
-                self._send([head, *plan.inline])
+                self._send([head, *plan.inline], in_turn=held)
         except Exception:
             self.call_done(xid)
             raise

@@ -13,7 +13,6 @@ memory goes out from there. Data anywhere else is copied into registered memory 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 
@@ -25,6 +24,7 @@ from nfsrdma.transport.rdma.calls import CallContext, InCall, Scratch
 from nfsrdma.transport.rdma.connection_base import RdmaConnectionBase
 from nfsrdma.transport.rdma.header import Header, HeaderError, Segment
 from nfsrdma.transport.rdma.marshal import plan_reply
+from nfsrdma.transport.rdma.pool import memory_address
 from nfsrdma.transport.rdma.provider import Completion, RdmaWriteRequest, Sge
 from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Buffer, Reader, Writer
@@ -249,7 +249,9 @@ class Responder(RdmaConnectionBase):
         st = self.stats
         writes: list[RdmaWriteRequest] = []
         if plan.writes:
-            signaled = self.options.signal_every <= 1  # else the Send's completion covers them
+            # Never signalled: the Send posted after them in the same chain is, or a later
+            # work request, and its completion covers them (an RC send queue completes in
+            # order); one that fails still completes, in error, and breaks the connection.
             for write in plan.writes:
                 n = len(write.data)
                 found = _lent_for(write.data, lent) if lent else None
@@ -268,13 +270,16 @@ class Responder(RdmaConnectionBase):
                         [local.sge(offset, n)],
                         seg.offset + write.segment_offset,
                         seg.handle,
-                        signaled=signaled,
+                        False,
                     )
                 )
             st["rdma_writes"] += len(writes)
         st["replies_long" if plan.proc == hdr.RDMA_NOMSG else "replies_inline"] += 1
         if plan.write_list:
-            filled = sum(1 for c in plan.write_list if c and c[0].length)
+            filled = 0
+            for c in plan.write_list:
+                if c and c[0].length:
+                    filled += 1
             st["write_chunks_filled"] += filled
         inline = plan.inline
         if lent:  # lent memory is taken back now: what the Send still holds of it is copied
@@ -313,33 +318,30 @@ class Responder(RdmaConnectionBase):
     def _invalidate_for(self, h: Header) -> int | None:
         """Send with Invalidate of one STag of this XID's chunks, when both peers set R and
         the device can (PD-15, PD-16, SEC-5)."""
-        if not h.writes and h.reply is None and not h.reads:
+        writes = h.writes
+        if not writes and h.reply is None and not h.reads:
             return None  # no STag to invalidate
-        if not privdata.responder_may_send_with_invalidate(
-            self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
-        ):
+        may = self._may_invalidate
+        if may is None:  # decided once both private data blocks are known
+            may = self._may_invalidate = privdata.responder_may_send_with_invalidate(
+                self.local_pd.remote_invalidate, self.peer_pd, self.device.caps.remote_invalidate
+            )
+        if not may:
             return None
+        if len(writes) == 1 and len(writes[0]) == 1 and h.reply is None and not h.reads:
+            return writes[0][0].handle  # a READ's one segment: its only STag
         keys = sorted(h.rkeys())
         return keys[0] if keys else None
 
 
-def _address(data: Buffer) -> int | None:
-    """Where a writable buffer's bytes are in memory (None for read-only or empty ones)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(data))
-    except (TypeError, ValueError, BufferError):
-        return None
-
-
 def _lent_for(data: Buffer, lent: list[Scratch]) -> tuple[Scratch, int] | None:
     """The lent buffer ``data`` lies in, and its offset there."""
-    addr = _address(data)
+    addr = memory_address(data)
     if addr is None:
         return None
     n = len(data)
     for local in lent:
-        view = local.view
-        base = _address(view)
-        if base is not None and base <= addr and addr + n <= base + len(view):
+        base = local.memory
+        if base is not None and base <= addr and addr + n <= base + len(local.view):
             return local, addr - base
     return None

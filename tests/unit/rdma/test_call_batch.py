@@ -96,3 +96,21 @@ async def test_a_break_before_the_ring_fails_every_held_call() -> None:
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
         assert all(isinstance(res, ConnectionError) for res in results), results
         assert not conn._out  # every call's registrations went (TR-20)
+
+
+async def test_the_held_sends_of_one_turn_complete_once() -> None:
+    """Batched, the Sends of one turn go out unsignalled but the list's last, whose completion
+    covers them all: one send queue completion for the turn, and every send buffer back."""
+    async with rig(client_opts=BATCH) as r:
+        await _mixed(r, 0)
+        conn, qp = _client(r)
+        before = Counter(qp.counts)
+        sends = conn.stats["sends"]
+        await asyncio.gather(*(_mixed(r, 3 * i) for i in range(N)))  # NULLs: a Send each
+        delta = Counter(qp.counts)
+        delta.subtract(before)
+        assert conn.stats["sends"] - sends == N and delta["send_wrs"] == N
+        assert delta["doorbells"] == 1 and delta["signaled"] == 1
+        assert delta["completions"] == N + 1  # the N replies' receives and the one Send
+        assert conn.stats["sends_unsignaled"] >= N - 1
+        assert conn.sq.used == 0 and conn.send_pool.in_use == 0

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 from nfsrdma.transport.rdma import header as H
 from nfsrdma.transport.rdma.credits import CreditWindow
 from nfsrdma.transport.rdma.header import HeaderError, Segment
-from nfsrdma.transport.rdma.marshal import plan_call, plan_reply, plan_reply_generic
+from nfsrdma.transport.rdma.marshal import (
+    CallPlan,
+    plan_call,
+    plan_reply,
+    plan_reply_generic,
+)
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Reader, Writer
 from tests.unit.rdma.helpers import SEGMENTS
@@ -238,3 +243,53 @@ def test_plan_reply_fast_shape_for_a_read(size: int) -> None:
     if size <= 4096:
         plan = plan_reply(msg, call, 1024)
         assert plan.write_list == [[seg(0xA, size)]] and len(plan.writes) == (1 if size else 0)
+
+
+def _call_planned(plan: CallPlan) -> tuple[object, ...]:
+    return (
+        plan.proc,
+        b"".join(bytes(x) for x in plan.inline),
+        [(r.position, b"".join(bytes(x) for x in r.data)) for r in plan.reads],
+        plan.write_chunks,
+        plan.reply_chunk,
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.none() | st.binary(max_size=6000),
+    sinks=st.lists(st.integers(0, 1 << 20), max_size=2),
+    send_limit=st.sampled_from([1024, 1100, 4096, 8192]),
+    recv_limit=st.sampled_from([1024, 4096, 8192]),
+    draw=st.data(),
+)
+def test_plan_call_direct_shape_matches_the_generic_plan(
+    data: bytes | None,
+    sinks: list[int],
+    send_limit: int,
+    recv_limit: int,
+    draw: st.DataObject,
+) -> None:
+    """``plan_call``'s direct plan (no DDP item, no result buffer, inline) is the generic
+    plan (``direct=False``), with or without a Reply chunk (TR-10, TR-13), at the thresholds too; other calls
+    take the generic one."""
+    near = st.integers(-24, 24)  # around a threshold, where a header's size decides
+    size = draw.draw(st.integers(0, 9000) | near.map(lambda d: max(0, send_limit - 28 + d)))
+    max_reply = draw.draw(st.integers(0, 1 << 16) | near.map(lambda d: max(0, recv_limit - 28 + d)))
+    msg = write_call(data, size) if data is not None else Writer(b"c" * size)
+    kw = {"send_limit": send_limit, "recv_limit": recv_limit, "sinks": sinks}
+    fast = plan_call(msg, max_reply=max_reply, **kw)  # type: ignore[arg-type]
+    generic = plan_call(msg, max_reply=max_reply, direct=False, **kw)  # type: ignore[arg-type]
+    assert _call_planned(fast) == _call_planned(generic)
+
+
+@pytest.mark.parametrize("limit", [1024, 4096])
+def test_plan_call_direct_shape_at_the_thresholds(limit: int) -> None:
+    """Every call and reply size around the inline thresholds, with and without a Reply
+    chunk: the direct plan is the generic one, and sizes beyond take the generic path."""
+    for size in range(limit - 60, limit - 16, 4):
+        for max_reply in range(limit - 40, limit - 16, 4):
+            msg = Writer(b"c" * size)
+            kw = {"send_limit": limit, "recv_limit": limit, "max_reply": max_reply}
+            fast = plan_call(msg, **kw)  # type: ignore[arg-type]
+            assert _call_planned(fast) == _call_planned(plan_call(msg, direct=False, **kw))  # type: ignore[arg-type]

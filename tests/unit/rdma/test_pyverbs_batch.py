@@ -111,6 +111,7 @@ def _bare(batch: bool, loop: asyncio.AbstractEventLoop) -> tuple[PyverbsQueuePai
         "_wrs": ReusedWrs(),
         "_batch": batch,
         "_held": None,
+        "_signal_last": False,
         "_poster": None,
         "_post_thread": None,
         "_qp": FakeQp(),
@@ -275,6 +276,21 @@ def test_sends_held_for_a_loop_turn_leave_in_one_post(loop: asyncio.AbstractEven
     assert fake.posts[-1] == _call_expected(3)
 
 
+def test_a_held_list_ends_with_a_signalled_work_request(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Sends held unsignalled: the list's last goes out signalled, so the list completes."""
+    qp, _ = _bare(False, loop)
+    fake: FakeQp = qp._qp  # type: ignore[assignment]
+    assert qp.hold_sends()
+    for n in (1, 3):  # odd: posted unsignalled
+        _call(qp, n)
+    _next_turn(loop)
+    last = _call_expected(3)[0]
+    assert fake.posts == [[*_call_expected(1), (*last[:2], e.IBV_SEND_SIGNALED, *last[3:])]]
+    assert qp.counts["signaled"] == 1 and qp.counts["send_wrs"] == 2
+
+
 def test_held_calls_and_a_dispatchs_replies_share_the_post(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -287,7 +303,9 @@ def test_held_calls_and_a_dispatchs_replies_share_the_post(
     _call(qp, 0)
     _track_recvs(qp, 1, 2)
     _event(qp, 1, 2)
-    assert fake.posts == [_call_expected(0) + _expected(1) + _expected(2)]
+    *first, last = _call_expected(0) + _expected(1) + _expected(2)
+    # The calls were held (``hold_sends``): the list ends with a signalled work request.
+    assert fake.posts == [[*first, (*last[:2], e.IBV_SEND_SIGNALED, *last[3:])]]
     _next_turn(loop)  # the turn's ring finds nothing left
     assert len(fake.posts) == 1 and qp.counts["doorbells"] == 1
 

@@ -75,7 +75,7 @@ async def _per_reply(op: str, options: RdmaOptions) -> dict[str, float]:
 
 @pytest.mark.parametrize("op", sorted(OPS))
 async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
-    every = RdmaOptions(signal_every=1)  # the default: every work request signalled
+    every = RdmaOptions(signal_every=1)  # the default: every Send signalled
     old = await _per_reply(op, every)
     new = await _per_reply(op, SELECTIVE)
     rdma = 1 if op in ("read", "write") else 0  # the reply's RDMA Write, or the call's Read
@@ -83,14 +83,16 @@ async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
     assert old["doorbells"] == new["doorbells"] == 1 + (op == "write")
     assert old["send_wrs"] == new["send_wrs"] == 1 + rdma
     assert old["recv_wrs"] == new["recv_wrs"] == 1  # the call's receive, reposted
-    assert old["signaled"] == 1 + rdma
+    # Every Send signalled, an RDMA Read too (its data is awaited), never an RDMA Write: the
+    # Send after it in the same chain completes for both (RC completes in order).
+    assert old["signaled"] == 1 + (op == "write")
     # Now: the RDMA Read is signalled (its data is awaited) and its completion covers the
     # Sends before it; the Write is never signalled; the Send one in eight (none when Reads
     # cover them). Completions: the receive's, the Read's, and the signalled Sends'.
     sends = 0 if op == "write" else 1 / 8
     assert new["signaled"] == (op == "write") + sends
     assert new["completions"] == 1 + (op == "write") + sends
-    assert old["completions"] == 2 + rdma
+    assert old["completions"] == 2 + (op == "write")
 
 
 async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
@@ -192,6 +194,47 @@ async def test_an_error_completion_behind_unsignalled_work_tears_down_cleanly() 
         assert conn.data_pool.in_use == 0
 
 
+async def test_a_failed_unsignalled_write_of_a_reply_breaks_the_connection() -> None:
+    """With every Send signalled (the default) a READ reply's RDMA Write is not: when it fails
+    (the client's Write chunk no longer registered), its error completion breaks the
+    connection, the Send behind it is flushed, and every buffer comes back."""
+    async with rig() as r:
+        conn, qp = _server(r)
+        await _read(r)
+        client = r.client
+        assert client is not None
+        send_call = client.send_call
+
+        def revoke_after_send(xid: int, *args: Any, **kw: Any) -> None:
+            send_call(xid, *args, **kw)
+            for region in client._out[xid].regions:  # the READ's Write chunk: unusable now
+                region.deregister()
+
+        client.send_call = revoke_after_send  # type: ignore[method-assign]
+        writes = conn.stats["rdma_writes"]
+        failed: list[Completion] = []
+        on_event = conn._on_event
+
+        def spy(ev: ConnectionEvent) -> None:
+            if isinstance(ev, Completion) and not ev.ok:
+                failed.append(ev)
+            on_event(ev)
+
+        conn._on_event = spy  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await _read(r)
+        await closed(conn)
+        assert conn.stats["rdma_writes"] == writes + 1
+        failed = [ev for ev in failed if ev.opcode.name != "RECV"]  # the receives flush too
+        assert [ev.opcode.name for ev in failed] == ["RDMA_WRITE", "SEND"]
+        assert failed[0].status.name == "REM_ACCESS_ERR"
+        assert failed[1].status.name == "WR_FLUSH_ERR"
+        assert qp.counts["signaled"] == qp.counts["send_wrs"] - conn.stats["rdma_writes"]
+        assert conn.sq.used == 0
+        assert conn.send_pool.in_use == 0
+        assert conn.data_pool is not None and conn.data_pool.in_use == 0
+
+
 def test_send_queue_accounting() -> None:
     sq = SendQueue(8, signal_every=3)
     assert sq.room(8) and not sq.room(9)
@@ -219,7 +262,7 @@ def test_send_queue_accounting() -> None:
 
 def test_signalling_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NFSRDMA_SIGNAL_EVERY", raising=False)
-    assert RdmaOptions().signal_every == 1  # the default: every work request signalled
+    assert RdmaOptions().signal_every == 1  # the default: every Send signalled
     monkeypatch.setenv("NFSRDMA_SIGNAL_EVERY", "8")
     assert RdmaOptions().signal_every == 8
     for bad in ("0", "-3", "many"):
