@@ -678,14 +678,14 @@ class _Run:
                 else:
                     self._count_ddp()
             size, fore = len(w) - self.head + self.ddp_bytes, session.fore
-            too_big = 0
+            too_big = nfs4.NFS4_OK
             if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
                 too_big = _over_limit(ctx, size)  # (within both: no error, the usual case)
             if too_big:
                 del w[mark:]
                 del w.ddp[ddp_mark:]
                 status = too_big
-                op.encode_result(w, op.error(status))
+                op.encode_result(w, op.error(too_big))
         self.status = status
         self.done += 1
         self.recorded.append((number, status, time.monotonic()))
@@ -731,14 +731,16 @@ class _Run:
             ctx.server.sessions.finish(seq, cached, time.monotonic())
 
 
-def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> int:
+def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> nfs4.nfsstat4:
+    """The error for operation ``op`` at position ``i`` of ``count``, NFS4_OK (0) if none.
+    (An nfsstat4, not an int: the error results' status field takes only its members.)"""
     if op == nfs4.OP_SEQUENCE:
-        return nfs4.NFS4ERR_SEQUENCE_POS if i != 0 else 0
+        return nfs4.NFS4ERR_SEQUENCE_POS if i != 0 else nfs4.NFS4_OK
     if i == 0 and op in SESSIONLESS_OPS:
-        return nfs4.NFS4ERR_NOT_ONLY_OP if count > 1 else 0
+        return nfs4.NFS4ERR_NOT_ONLY_OP if count > 1 else nfs4.NFS4_OK
     if ctx.session is None and op not in SESSIONLESS_OPS:
         return nfs4.NFS4ERR_OP_NOT_IN_SESSION
-    return 0
+    return nfs4.NFS4_OK
 
 
 def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
@@ -749,16 +751,17 @@ def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
     return _ILLEGAL
 
 
-def _over_limit(ctx: CompoundContext, size: int) -> int:
-    """The error for a reply of ``size`` bytes so far, 0 when it is within the limits."""
+def _over_limit(ctx: CompoundContext, size: int) -> nfs4.nfsstat4:
+    """The error for a reply of ``size`` bytes so far, NFS4_OK (0) when it is within the
+    limits."""
     session = ctx.session
     if session is None:
-        return 0
+        return nfs4.NFS4_OK
     if size > session.fore.ca_maxresponsesize:
         return nfs4.NFS4ERR_REP_TOO_BIG
     if ctx.cachethis and size > session.fore.ca_maxresponsesize_cached:
         return nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE
-    return 0
+    return nfs4.NFS4_OK
 
 
 def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None:
