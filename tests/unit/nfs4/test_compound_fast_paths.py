@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,8 +320,8 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_ACCESS, nfs4.ACCESS4args(a)))
     elif kind == "LOOKUP":
         ops.append(_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(a)))
-    elif kind == "SECINFO_NO_NAME":
-        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, a))
+    elif kind == "SECINFO_NO_NAME":  # a style of 2 (none such) is written over a 1 below
+        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.secinfo_style4(min(int(a), 1))))
     elif kind == "OPEN":
         file, access = a
         args = nfs4.OPEN4args(
@@ -352,6 +353,10 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
     elif extra == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH))
     data = pair.encode(ops, 0, str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    if kind == "SECINFO_NO_NAME" and a == 2:
+        # The enum (a native class's field in the compiled build) has no 2: on the wire only.
+        at = data.index(struct.pack(">II", nfs4.OP_SECINFO_NO_NAME, 1)) + 4
+        data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
     if seqargs == "bool2":  # sa_cachethis, the last word of the first SEQUENCE's arguments
         at = data.index(seq_args.sa_sessionid) + 28
         data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
