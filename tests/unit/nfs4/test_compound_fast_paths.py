@@ -647,6 +647,15 @@ def _short(resop: nfs4.nfs_resop4) -> str:
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
 
 
+# The spies below replace methods of ``_Run`` and ``ServerSessions`` on the class: in the
+# compiled build (NFSRDMA_COMPILE=hot) those are native classes whose callers call the methods
+# directly, so a spy there sees nothing. Those tests run on the pure build only.
+_SPIES_SEE_CALLS = pytest.mark.skipif(
+    not str(compound_module.__file__).endswith(".py"),
+    reason="compiled nfs4/compound.py: native methods cannot be spied on",
+)
+
+
 def _record_spy() -> tuple[list[int], Any]:
     """A stand-in for ``_Run._record`` that lists the operation numbers it records (to be
     set with monkeypatch once the session is set up), and that list."""
@@ -660,6 +669,7 @@ def _record_spy() -> tuple[list[int], Any]:
     return recorded, spy
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("third", ["GETATTR", "GETFH", "READ"])
 def test_a_fast_getattr_is_written_without_the_generic_encoder(
     monkeypatch: pytest.MonkeyPatch, third: str
@@ -692,6 +702,7 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
     assert recorded.count(number) == 1  # the generic server's only
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("cachethis", [False, True])
 @pytest.mark.parametrize("third", ["GETATTR", "READ"])
 def test_a_fast_result_over_the_cached_reply_limit(
@@ -726,6 +737,7 @@ def test_a_fast_result_over_the_cached_reply_limit(
     assert recorded.count(getattr(nfs4, f"OP_{third}")) == (2 if cachethis else 1)
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
 def test_a_fast_sequence_reads_its_arguments_in_place(
     monkeypatch: pytest.MonkeyPatch, third: str
