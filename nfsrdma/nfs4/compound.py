@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import struct
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
+from time import monotonic  # (a module global, which tests replace, in both builds)
 from typing import TYPE_CHECKING, Any
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
@@ -232,7 +232,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         cred_of(server, call),
         call.cred,
         call.conn,
-        time.monotonic(),
+        monotonic(),
         count,
         0,
         _request_size(r, offset) if r.chunks else len(buf) - offset,
@@ -398,7 +398,7 @@ class _Run:
                 seq.status_flags,
             )
             self.done += 1
-            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
+            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, monotonic()))
         ctx.op_index = 1
         self.i = 2
         # PUTFH4args read in place: _fast_steps found its opaque whole, within NFS4_FHSIZE.
@@ -427,7 +427,7 @@ class _Run:
                     return None
             else:
                 self.done += 1
-                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
+                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, monotonic()))
         ctx.op_index = 2
         self.i = 3
         number = op.number
@@ -542,7 +542,7 @@ class _Run:
         w += _PAD[size & 3]
         self.status = nfs4.NFS4_OK
         self.done += 1
-        self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
+        self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, monotonic()))
         return True
 
     def _read_pack(self, data: Buffer, eof: bool) -> bool:
@@ -570,7 +570,7 @@ class _Run:
         self.ddp_bytes += padded
         self.status = nfs4.NFS4_OK
         self.done += 1
-        self.recorded.append((_READ, nfs4.NFS4_OK, time.monotonic()))
+        self.recorded.append((_READ, nfs4.NFS4_OK, monotonic()))
         return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
@@ -688,7 +688,7 @@ class _Run:
                 op.encode_result(w, op.error(too_big))
         self.status = status
         self.done += 1
-        self.recorded.append((number, status, time.monotonic()))
+        self.recorded.append((number, status, monotonic()))
         if status != nfs4.NFS4_OK:
             return True
         if op is _SEQUENCE and seq is not None and seq.uncached_retry:
@@ -728,7 +728,7 @@ class _Run:
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
                 # DDP data is copied: it may be memory the transport lent only until the reply.
                 cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
-            ctx.server.sessions.finish(seq, cached, time.monotonic())
+            ctx.server.sessions.finish(seq, cached, monotonic())
 
 
 def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> nfs4.nfsstat4:
