@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import struct
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from inspect import isawaitable
+from time import monotonic  # (a module global, which tests replace, in both builds)
 from typing import TYPE_CHECKING, Any
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, Outcome
@@ -232,7 +232,7 @@ def compound(server: ServerState, call: RpcCall, w: Writer) -> Awaitable[None] |
         cred_of(server, call),
         call.cred,
         call.conn,
-        time.monotonic(),
+        monotonic(),
         count,
         0,
         _request_size(r, offset) if r.chunks else len(buf) - offset,
@@ -398,7 +398,7 @@ class _Run:
                 seq.status_flags,
             )
             self.done += 1
-            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, time.monotonic()))
+            self.recorded.append((nfs4.OP_SEQUENCE, nfs4.NFS4_OK, monotonic()))
         ctx.op_index = 1
         self.i = 2
         # PUTFH4args read in place: _fast_steps found its opaque whole, within NFS4_FHSIZE.
@@ -427,7 +427,7 @@ class _Run:
                     return None
             else:
                 self.done += 1
-                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, time.monotonic()))
+                self.recorded.append((nfs4.OP_PUTFH, nfs4.NFS4_OK, monotonic()))
         ctx.op_index = 2
         self.i = 3
         number = op.number
@@ -542,7 +542,7 @@ class _Run:
         w += _PAD[size & 3]
         self.status = nfs4.NFS4_OK
         self.done += 1
-        self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, time.monotonic()))
+        self.recorded.append((nfs4.OP_GETATTR, nfs4.NFS4_OK, monotonic()))
         return True
 
     def _read_pack(self, data: Buffer, eof: bool) -> bool:
@@ -570,7 +570,7 @@ class _Run:
         self.ddp_bytes += padded
         self.status = nfs4.NFS4_OK
         self.done += 1
-        self.recorded.append((_READ, nfs4.NFS4_OK, time.monotonic()))
+        self.recorded.append((_READ, nfs4.NFS4_OK, monotonic()))
         return True
 
     def _undecodable(self, op: Operation[Any, Any], e: XdrError) -> None:
@@ -678,17 +678,17 @@ class _Run:
                 else:
                     self._count_ddp()
             size, fore = len(w) - self.head + self.ddp_bytes, session.fore
-            too_big = 0
+            too_big = nfs4.NFS4_OK
             if size > fore.ca_maxresponsesize_cached or size > fore.ca_maxresponsesize:
                 too_big = _over_limit(ctx, size)  # (within both: no error, the usual case)
             if too_big:
                 del w[mark:]
                 del w.ddp[ddp_mark:]
                 status = too_big
-                op.encode_result(w, op.error(status))
+                op.encode_result(w, op.error(too_big))
         self.status = status
         self.done += 1
-        self.recorded.append((number, status, time.monotonic()))
+        self.recorded.append((number, status, monotonic()))
         if status != nfs4.NFS4_OK:
             return True
         if op is _SEQUENCE and seq is not None and seq.uncached_retry:
@@ -728,17 +728,19 @@ class _Run:
             if ctx.cachethis and self.status != nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE:
                 # DDP data is copied: it may be memory the transport lent only until the reply.
                 cached = EncodedReply(bytes(w[head:]), [_rebase(i, head) for i in w.ddp])
-            ctx.server.sessions.finish(seq, cached, time.monotonic())
+            ctx.server.sessions.finish(seq, cached, monotonic())
 
 
-def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> int:
+def _position_error(ctx: CompoundContext, op: int, i: int, count: int) -> nfs4.nfsstat4:
+    """The error for operation ``op`` at position ``i`` of ``count``, NFS4_OK (0) if none.
+    (An nfsstat4, not an int: the error results' status field takes only its members.)"""
     if op == nfs4.OP_SEQUENCE:
-        return nfs4.NFS4ERR_SEQUENCE_POS if i != 0 else 0
+        return nfs4.NFS4ERR_SEQUENCE_POS if i != 0 else nfs4.NFS4_OK
     if i == 0 and op in SESSIONLESS_OPS:
-        return nfs4.NFS4ERR_NOT_ONLY_OP if count > 1 else 0
+        return nfs4.NFS4ERR_NOT_ONLY_OP if count > 1 else nfs4.NFS4_OK
     if ctx.session is None and op not in SESSIONLESS_OPS:
         return nfs4.NFS4ERR_OP_NOT_IN_SESSION
-    return 0
+    return nfs4.NFS4_OK
 
 
 def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
@@ -749,16 +751,17 @@ def _peek_op(r: Reader, off: int) -> Operation[Any, Any]:
     return _ILLEGAL
 
 
-def _over_limit(ctx: CompoundContext, size: int) -> int:
-    """The error for a reply of ``size`` bytes so far, 0 when it is within the limits."""
+def _over_limit(ctx: CompoundContext, size: int) -> nfs4.nfsstat4:
+    """The error for a reply of ``size`` bytes so far, NFS4_OK (0) when it is within the
+    limits."""
     session = ctx.session
     if session is None:
-        return 0
+        return nfs4.NFS4_OK
     if size > session.fore.ca_maxresponsesize:
         return nfs4.NFS4ERR_REP_TOO_BIG
     if ctx.cachethis and size > session.fore.ca_maxresponsesize_cached:
         return nfs4.NFS4ERR_REP_TOO_BIG_TO_CACHE
-    return 0
+    return nfs4.NFS4_OK
 
 
 def _patch(w: Writer, head: int, count_at: int, status: int, count: int) -> None:

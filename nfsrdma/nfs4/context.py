@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 class Nfs4Error(Exception):
-    def __init__(self, status: int, result: object | None = None) -> None:
+    def __init__(self, status: nfs4.nfsstat4, result: object | None = None) -> None:
         super().__init__(_status_name(status))
         self.status = status
         self.result = result

@@ -12,7 +12,7 @@ from nfsrdma.xdr.runtime import XdrError
 
 log = logging.getLogger(__name__)
 
-ERRNO_STATUS: dict[int, int] = {
+ERRNO_STATUS: dict[int, nfs4.nfsstat4] = {
     errno.EPERM: nfs4.NFS4ERR_PERM,
     errno.ENOENT: nfs4.NFS4ERR_NOENT,
     errno.EIO: nfs4.NFS4ERR_IO,
@@ -49,7 +49,7 @@ ERRNO_STATUS: dict[int, int] = {
 }
 
 
-def status_of(exc: BaseException) -> int:
+def status_of(exc: BaseException) -> nfs4.nfsstat4:
     """The nfsstat4 an exception raised by a handler stands for."""
     if isinstance(exc, Nfs4Error):
         return exc.status

@@ -10,7 +10,7 @@ from nfsrdma.xdr.gen import nfs4
 
 
 class SessionError(Exception):
-    def __init__(self, status: int, detail: str = "") -> None:
+    def __init__(self, status: nfs4.nfsstat4, detail: str = "") -> None:
         try:
             name = nfs4.nfsstat4(status).name
         except ValueError:

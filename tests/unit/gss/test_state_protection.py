@@ -95,20 +95,25 @@ async def test_client_falls_back_to_sp4_none_when_mach_cred_is_refused(
 ) -> None:
     """knfsd with rpc.svcgssd (no principal name passed to the kernel) answers an SP4_MACH_CRED
     EXCHANGE_ID with NFS4ERR_SERVERFAULT: our client then asks for SP4_NONE. The server here
-    answers as that knfsd does."""
-    from nfsrdma.session.errors import SessionError
-    from nfsrdma.session.server import ServerSessions
+    answers as that knfsd does (its EXCHANGE_ID handler replaced in the handler table: the
+    compiled build calls ServerSessions' methods directly, past any patch of the class)."""
+    from nfsrdma.nfs4.context import CompoundContext, Nfs4Error, bind
+    from nfsrdma.nfs4.ops import HANDLERS
 
-    real = ServerSessions.exchange_id
+    real = HANDLERS[nfs4.OP_EXCHANGE_ID].handler
 
     def like_knfsd_with_svcgssd(
-        self: ServerSessions, args: nfs4.EXCHANGE_ID4args, **kw: object
-    ) -> nfs4.EXCHANGE_ID4resok:
+        ctx: CompoundContext, args: nfs4.EXCHANGE_ID4args
+    ) -> nfs4.EXCHANGE_ID4res:
         if args.eia_state_protect.spa_how == nfs4.SP4_MACH_CRED:
-            raise SessionError(nfs4.NFS4ERR_SERVERFAULT, "no principal name")
-        return real(self, args, **kw)  # type: ignore[arg-type]
+            raise Nfs4Error(nfs4.NFS4ERR_SERVERFAULT)
+        result = real(ctx, args)
+        assert isinstance(result, nfs4.EXCHANGE_ID4res)
+        return result
 
-    monkeypatch.setattr(ServerSessions, "exchange_id", like_knfsd_with_svcgssd)
+    monkeypatch.setitem(
+        HANDLERS, nfs4.OP_EXCHANGE_ID, bind(nfs4.OPERATION_EXCHANGE_ID, like_knfsd_with_svcgssd)
+    )
     cc = tmp_path / "cc"
     kdc.kinit(cc, kdc.numeric_principal, kdc.numeric_keytab)
     async with gss_server(kdc, tmp_path / "e") as server, gss_client(server, cc, "krb5i") as fs:

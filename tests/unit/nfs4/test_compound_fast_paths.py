@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,8 +320,8 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
         ops.append(_op(nfs4.OP_ACCESS, nfs4.ACCESS4args(a)))
     elif kind == "LOOKUP":
         ops.append(_op(nfs4.OP_LOOKUP, nfs4.LOOKUP4args(a)))
-    elif kind == "SECINFO_NO_NAME":
-        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, a))
+    elif kind == "SECINFO_NO_NAME":  # a style of 2 (none such) is written over a 1 below
+        ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.secinfo_style4(min(int(a), 1))))
     elif kind == "OPEN":
         file, access = a
         args = nfs4.OPEN4args(
@@ -352,6 +353,10 @@ def build(pair: Pair, c: dict[str, object], rand_fh: bytes, rand_sid: bytes) -> 
     elif extra == "SECINFO_NO_NAME":
         ops.append(_op(nfs4.OP_SECINFO_NO_NAME, nfs4.SECINFO_STYLE4_CURRENT_FH))
     data = pair.encode(ops, 0, str(c.get("auth", "sys")))  # type: ignore[call-overload]
+    if kind == "SECINFO_NO_NAME" and a == 2:
+        # The enum (a native class's field in the compiled build) has no 2: on the wire only.
+        at = data.index(struct.pack(">II", nfs4.OP_SECINFO_NO_NAME, 1)) + 4
+        data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
     if seqargs == "bool2":  # sa_cachethis, the last word of the first SEQUENCE's arguments
         at = data.index(seq_args.sa_sessionid) + 28
         data = data[:at] + (2).to_bytes(4, "big") + data[at + 4 :]
@@ -642,6 +647,15 @@ def _short(resop: nfs4.nfs_resop4) -> str:
     return "OK" if status == "NFS4_OK" else status.removeprefix("NFS4ERR_")
 
 
+# The spies below replace methods of ``_Run`` and ``ServerSessions`` on the class: in the
+# compiled build (NFSRDMA_COMPILE=hot) those are native classes whose callers call the methods
+# directly, so a spy there sees nothing. Those tests run on the pure build only.
+_SPIES_SEE_CALLS = pytest.mark.skipif(
+    not str(compound_module.__file__).endswith(".py"),
+    reason="compiled nfs4/compound.py: native methods cannot be spied on",
+)
+
+
 def _record_spy() -> tuple[list[int], Any]:
     """A stand-in for ``_Run._record`` that lists the operation numbers it records (to be
     set with monkeypatch once the session is set up), and that list."""
@@ -655,6 +669,7 @@ def _record_spy() -> tuple[list[int], Any]:
     return recorded, spy
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("third", ["GETATTR", "GETFH", "READ"])
 def test_a_fast_getattr_is_written_without_the_generic_encoder(
     monkeypatch: pytest.MonkeyPatch, third: str
@@ -687,6 +702,7 @@ def test_a_fast_getattr_is_written_without_the_generic_encoder(
     assert recorded.count(number) == 1  # the generic server's only
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("cachethis", [False, True])
 @pytest.mark.parametrize("third", ["GETATTR", "READ"])
 def test_a_fast_result_over_the_cached_reply_limit(
@@ -721,6 +737,7 @@ def test_a_fast_result_over_the_cached_reply_limit(
     assert recorded.count(getattr(nfs4, f"OP_{third}")) == (2 if cachethis else 1)
 
 
+@_SPIES_SEE_CALLS
 @pytest.mark.parametrize("third", ["READ", "GETATTR", "ACCESS"])
 def test_a_fast_sequence_reads_its_arguments_in_place(
     monkeypatch: pytest.MonkeyPatch, third: str

@@ -62,7 +62,7 @@ class Clock:
 @pytest.fixture(autouse=True)
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(compound_module, "time", fake)
+    monkeypatch.setattr(compound_module, "monotonic", fake.monotonic)
     return fake
 
 

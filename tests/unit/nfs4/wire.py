@@ -44,7 +44,7 @@ class Clock:
 
 def install_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(compound_module, "time", clock)
+    monkeypatch.setattr(compound_module, "monotonic", clock.monotonic)
     return clock
 
 
