@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nfsrdma.delegations")
 
 _NO_ACE = nfs4.nfsace4(nfs4.ACE4_ACCESS_ALLOWED_ACE_TYPE, 0, 0, b"")
-_NO_LIMIT = nfs4.nfs_space_limit4(nfs4.NFS_LIMIT_SIZE, 0xFFFFFFFFFFFFFFFF)
+_NO_LIMIT = nfs4.nfs_space_limit4(nfs4.limit_by4.NFS_LIMIT_SIZE, 0xFFFFFFFFFFFFFFFF)
 
 
 class DelegationService:

@@ -81,7 +81,7 @@ class Decision:
     """What OPEN answers: ``write`` None means no delegation, for the reason ``why``."""
 
     write: bool | None
-    why: int = nfs4.WND4_NOT_WANTED
+    why: int = nfs4.why_no_delegation4.WND4_NOT_WANTED
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ from nfsrdma.xdr.gen import nfs4
 NFS4_UINT64_MAX: Final = 0xFFFFFFFFFFFFFFFF
 TO_EOF: Final = 1 << 64
 
-READ: Final = int(nfs4.READ_LT)
-WRITE: Final = int(nfs4.WRITE_LT)
+READ: Final = int(nfs4.nfs_lock_type4.READ_LT)
+WRITE: Final = int(nfs4.nfs_lock_type4.WRITE_LT)
 
 
 def lock_kind(locktype: int) -> int:

@@ -27,16 +27,16 @@ from nfsrdma.xdr.gen import nfs4
 # Statuses with which the client did not process the CB_SEQUENCE: the seqid is not consumed.
 _NOT_CONSUMED = frozenset(
     {
-        nfs4.NFS4ERR_DELAY,
-        nfs4.NFS4ERR_BADSLOT,
-        nfs4.NFS4ERR_BADSESSION,
-        nfs4.NFS4ERR_BADXDR,
-        nfs4.NFS4ERR_REQ_TOO_BIG,
-        nfs4.NFS4ERR_TOO_MANY_OPS,
-        nfs4.NFS4ERR_SEQUENCE_POS,
-        nfs4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION,
-        nfs4.NFS4ERR_SERVERFAULT,
-        nfs4.NFS4ERR_RESOURCE,
+        nfs4.nfsstat4.NFS4ERR_DELAY,
+        nfs4.nfsstat4.NFS4ERR_BADSLOT,
+        nfs4.nfsstat4.NFS4ERR_BADSESSION,
+        nfs4.nfsstat4.NFS4ERR_BADXDR,
+        nfs4.nfsstat4.NFS4ERR_REQ_TOO_BIG,
+        nfs4.nfsstat4.NFS4ERR_TOO_MANY_OPS,
+        nfs4.nfsstat4.NFS4ERR_SEQUENCE_POS,
+        nfs4.nfsstat4.NFS4ERR_CONN_NOT_BOUND_TO_SESSION,
+        nfs4.nfsstat4.NFS4ERR_SERVERFAULT,
+        nfs4.nfsstat4.NFS4ERR_RESOURCE,
     }
 )
 

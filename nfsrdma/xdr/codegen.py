@@ -1032,7 +1032,10 @@ class Generator:
             for case in arm.cases:
                 fn = f"_enc_{u.name}_{case}"
                 entries.append(f"{case}: {fn}")
-                o.append(f"def {fn}(w: _Writer, v: {ann}) -> None:")
+                # A void arm's value is ignored, whatever it is, as ``_void_encode`` ignores
+                # it (typed None, compiled code would refuse any other value).
+                param = "_Any" if arm.decl.is_void else ann
+                o.append(f"def {fn}(w: _Writer, v: {param}) -> None:")
                 h: Head = ((disc_fx.fmt, str(case)),)
                 if arm.decl.is_void:
                     body = ["        " + x for x in self.emit_head(h)]

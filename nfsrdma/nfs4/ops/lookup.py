@@ -107,15 +107,15 @@ PUT_FH = 1  # sets the current filehandle from nothing (PUTFH and its family, RE
 BY_NAME = 2  # crosses to another object by name
 SECINFO = 3  # asks which flavours to use: answered whatever the flavour
 FLAVOUR_RULES: dict[int, int] = {
-    nfs4.OP_PUTFH: PUT_FH,
-    nfs4.OP_PUTROOTFH: PUT_FH,
-    nfs4.OP_PUTPUBFH: PUT_FH,
-    nfs4.OP_RESTOREFH: PUT_FH,
-    nfs4.OP_LOOKUP: BY_NAME,
-    nfs4.OP_LOOKUPP: BY_NAME,
-    nfs4.OP_OPEN: BY_NAME,
-    nfs4.OP_SECINFO: SECINFO,
-    nfs4.OP_SECINFO_NO_NAME: SECINFO,
+    nfs4.nfs_opnum4.OP_PUTFH: PUT_FH,
+    nfs4.nfs_opnum4.OP_PUTROOTFH: PUT_FH,
+    nfs4.nfs_opnum4.OP_PUTPUBFH: PUT_FH,
+    nfs4.nfs_opnum4.OP_RESTOREFH: PUT_FH,
+    nfs4.nfs_opnum4.OP_LOOKUP: BY_NAME,
+    nfs4.nfs_opnum4.OP_LOOKUPP: BY_NAME,
+    nfs4.nfs_opnum4.OP_OPEN: BY_NAME,
+    nfs4.nfs_opnum4.OP_SECINFO: SECINFO,
+    nfs4.nfs_opnum4.OP_SECINFO_NO_NAME: SECINFO,
 }
 PUT_FH_OPS = frozenset(op for op, rule in FLAVOUR_RULES.items() if rule == PUT_FH)
 # What may follow a put-filehandle operation (SAVEFH aside) for it never to be refused: nothing

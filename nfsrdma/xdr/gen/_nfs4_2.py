@@ -3427,21 +3427,21 @@ def _enc_createtype4_4(w: _Writer, v: specdata4) -> None:
         raise _XdrError(f'cannot encode createtype4.devdata: {_e}', len(w)) from None
 
 
-def _enc_createtype4_6(w: _Writer, v: None) -> None:
+def _enc_createtype4_6(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x06'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
 
 
-def _enc_createtype4_7(w: _Writer, v: None) -> None:
+def _enc_createtype4_7(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x07'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode createtype4.: {_e}', len(w)) from None
 
 
-def _enc_createtype4_2(w: _Writer, v: None) -> None:
+def _enc_createtype4_2(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x02'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:

@@ -2377,14 +2377,14 @@ def _enc_open_claim4_3(w: _Writer, v: bytes) -> None:
         raise _XdrError(f'cannot encode open_claim4.file_delegate_prev: {_e}', len(w)) from None
 
 
-def _enc_open_claim4_4(w: _Writer, v: None) -> None:
+def _enc_open_claim4_4(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x04'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode open_claim4.: {_e}', len(w)) from None
 
 
-def _enc_open_claim4_6(w: _Writer, v: None) -> None:
+def _enc_open_claim4_6(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x06'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:

@@ -1265,7 +1265,7 @@ def _enc_nfs_argop4_9(w: _Writer, v: GETATTR4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.opgetattr: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_10(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_10(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\n'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1342,7 +1342,7 @@ def _enc_nfs_argop4_15(w: _Writer, v: LOOKUP4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.oplookup: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_16(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_16(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x10'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1435,14 +1435,14 @@ def _enc_nfs_argop4_22(w: _Writer, v: PUTFH4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.opputfh: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_23(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_23(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x17'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_24(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_24(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x18'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1470,7 +1470,7 @@ def _enc_nfs_argop4_26(w: _Writer, v: READDIR4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.opreaddir: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_27(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_27(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x1b'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1513,14 +1513,14 @@ def _enc_nfs_argop4_30(w: _Writer, v: RENEW4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.oprenew: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_31(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_31(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x1f'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
         raise _XdrError(f'cannot encode nfs_argop4.: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_32(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_32(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00 '
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -2136,7 +2136,7 @@ def _enc_nfs_argop4_75(w: _Writer, v: REMOVEXATTR4args) -> None:
         raise _XdrError(f'cannot encode nfs_argop4.opremovexattr: {_e}', len(w)) from None
 
 
-def _enc_nfs_argop4_10044(w: _Writer, v: None) -> None:
+def _enc_nfs_argop4_10044(w: _Writer, v: _Any) -> None:
     try:
         w += b"\x00\x00'<"
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:

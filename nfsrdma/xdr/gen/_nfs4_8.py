@@ -2932,7 +2932,7 @@ def _enc_nfs_cb_argop4_15(w: _Writer, v: CB_OFFLOAD4args) -> None:
         raise _XdrError(f'cannot encode nfs_cb_argop4.opcboffload: {_e}', len(w)) from None
 
 
-def _enc_nfs_cb_argop4_10044(w: _Writer, v: None) -> None:
+def _enc_nfs_cb_argop4_10044(w: _Writer, v: _Any) -> None:
     try:
         w += b"\x00\x00'<"
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:

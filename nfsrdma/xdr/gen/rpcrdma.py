@@ -677,7 +677,7 @@ def _enc_rdma_body_2(w: _Writer, v: rpc_rdma_header_padded) -> None:
         raise _XdrError(f'cannot encode rdma_body.rdma_msgp: {_e}', len(w)) from None
 
 
-def _enc_rdma_body_3(w: _Writer, v: None) -> None:
+def _enc_rdma_body_3(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x03'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
@@ -1596,7 +1596,7 @@ def _enc_optr_info_5(w: _Writer, v: optr_expect) -> None:
         raise _XdrError(f'cannot encode optr_info.optre_expected: {_e}', len(w)) from None
 
 
-def _enc_optr_info_3(w: _Writer, v: None) -> None:
+def _enc_optr_info_3(w: _Writer, v: _Any) -> None:
     try:
         w += b'\x00\x00\x00\x03'
     except (_struct.error, TypeError, AttributeError, UnicodeError) as _e:
