@@ -11,6 +11,8 @@ both (``make test``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -22,39 +24,48 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildExt(build_ext):
-    """build_ext compiling the C files of the extension on every core (one per module)."""
+    """build_ext compiling the C files of the extension on every core (one per module), then
+    writing ``nfsrdma/compiled.json``: each compiled module's source as it was compiled (size,
+    mtime, SHA-256), by which the package tells a compiled module whose source has changed
+    since (``nfsrdma/__init__.py``: it then runs the pure-Python build, with a warning)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def run(self) -> None:
+        super().run()
+        if not self.extensions:
+            return
+        stamp: dict[str, list[Any]] = {}
+        for source in COMPILED:
+            st = os.stat(source)
+            with open(source, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            stamp[os.path.relpath(source, "nfsrdma")] = [st.st_size, st.st_mtime_ns, digest]
+        where = "nfsrdma" if self.inplace else os.path.join(self.build_lib, "nfsrdma")
+        with open(os.path.join(where, "compiled.json"), "w") as f:
+            json.dump(stamp, f, indent=0, sort_keys=True)
 
-# Compiled only where it measures faster (bench/xdr_codec.py, bench/server_cpu.py, both builds in
-# one run). Measured with mypy/mypyc 2.4.1, CPython 3.11: nothing does yet, so nothing is.
-# The generated NFSv4 codec now compiles (split into modules, xdr/regen.py): CANDIDATES, the XDR
-# runtime and the nine modules of NFSv4 types, build in 210-226 s of CPU (mypyc, then gcc -O3;
-# 4.4 GB peak, mostly mypy's analysis). Compiled, the codecs are no faster as the benchmarks use
-# them (xdr_codec ratio 1.78-1.79 against 1.77 pure, same run) and the server is no faster, its
-# OPEN/CLOSE pair slower (server_cpu, two rounds, us per COMPOUND, pure then compiled: READ
-# 35/41 and 44/36, GETATTR 45/48 and 45/45, OPEN/CLOSE 78/101 and 83/92; with the COMPOUND path
-# trimmed, READ 26.5/28.4, GETATTR 31.7/32.8, OPEN/CLOSE 64.5/76.1): the server, interpreted,
-# builds and reads the message objects, and attribute access on native classes from
-# interpreted code costs more than on slotted Python classes. Kept Python classes (a decorator
-# mypyc does not know), the compiled codec is slower (ratio 1.49-1.52). The attribute-mask
-# section (_nfs4_s0) gives 28 MB of C that gcc had not compiled in 8 minutes: too slow to build.
-# ``NFSRDMA_COMPILE=candidates`` builds CANDIDATES, to measure again (docs/performance.md).
+
+# What is compiled: the hot path, where it measures faster (instructions and CPU per COMPOUND,
+# both builds in one run: bench/instructions.py, bench/server_cpu.py; docs/performance.md, "The
+# compiled build"). mypy/mypyc 2.4.1, CPython 3.11.
+#
+# CANDIDATES: the XDR runtime and the nine modules of NFSv4 types (the generated codec split in
+# modules, xdr/regen.py: mypyc's analyses of one 4,900-statement module exhausted memory). The
+# attribute-mask section (_nfs4_s0) is left out: 28 MB of C that gcc had not compiled in 8 min.
+# Compiled alone the codecs are no faster as interpreted code uses them (attribute access on
+# native classes from interpreted code costs more than on slotted Python classes), so they are
+# compiled together with the code that reads their objects.
 CANDIDATES: list[str] = [
     "nfsrdma/xdr/runtime.py",
     *(f"nfsrdma/xdr/gen/_nfs4_{i}.py" for i in range(9)),
 ]
 # The COMPOUND path of the server beside the codecs, so that the message objects the codecs make
-# are read by compiled code (``NFSRDMA_COMPILE=hot``; ``server`` builds these alone, quickly).
-# Measured (server_cpu, us per COMPOUND, pure then hot, same rounds): READ 24.7/21.6, GETATTR
-# 30.3/26.9, OPEN/CLOSE 63.4/74.2 (slower: its interpreted modules read native objects); about
-# 3 min of CPU to build. ``server`` alone (codecs interpreted): no faster. Not compiled by
-# default: the host suite fails on it (24 of the first 106 tests of tests/unit/nfs4, session,
-# vfs; docs/performance.md).
+# are read by compiled code. Callgrind, instructions per COMPOUND, pure then compiled: READ
+# 187k/172k, GETATTR 203k/188k.
 SERVER_HOT: list[str] = [
     "nfsrdma/nfs4/compound.py",
     "nfsrdma/nfs4/context.py",
@@ -63,12 +74,18 @@ SERVER_HOT: list[str] = [
     "nfsrdma/nfs4/ops/session_ops.py",
     "nfsrdma/session/server.py",
 ]
+# ``NFSRDMA_COMPILE`` picks a selection at build time: ``hot`` (the default: everything above),
+# ``candidates`` or ``server`` (to measure a part alone), ``none``.
 _SELECTIONS: dict[str, list[str]] = {
-    "candidates": CANDIDATES,
     "hot": [*CANDIDATES, *SERVER_HOT],
+    "candidates": CANDIDATES,
     "server": SERVER_HOT,
+    "none": [],
 }
-COMPILED: list[str] = _SELECTIONS.get(os.environ.get("NFSRDMA_COMPILE", ""), [])
+_SELECTION = os.environ.get("NFSRDMA_COMPILE", "") or "hot"
+if _SELECTION not in _SELECTIONS:
+    sys.exit(f"NFSRDMA_COMPILE={_SELECTION}: one of {', '.join(_SELECTIONS)}")
+COMPILED: list[str] = _SELECTIONS[_SELECTION]
 
 
 def _why_not_compiled() -> str:
@@ -89,7 +106,7 @@ def _why_not_compiled() -> str:
 
 
 def ext_modules() -> list[Any]:
-    reason = _why_not_compiled() or ("" if COMPILED else "no module measures faster compiled")
+    reason = _why_not_compiled() or ("" if COMPILED else f"NFSRDMA_COMPILE={_SELECTION}")
     if reason:
         print(f"nfsrdma: pure-Python build: {reason}", file=sys.stderr)
         return []

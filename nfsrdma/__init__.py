@@ -33,8 +33,49 @@ class _SourceOnly:
         return None
 
 
+def _stale_compiled(here: str) -> list[str]:
+    """The compiled modules of the package in ``here`` whose source differs from what was
+    compiled (``compiled.json``, written by setup.py's build): a checkout edited since its last
+    build. Sizes and times first; a file whose time moved (an installed wheel) is compared by
+    its SHA-256."""
+    try:
+        with open(os.path.join(here, "compiled.json"), "rb") as f:
+            import json
+
+            built: dict[str, list[Any]] = json.load(f)
+    except (OSError, ValueError):
+        return []
+    stale = []
+    for source, (size, mtime_ns, digest) in built.items():
+        path = os.path.join(here, source)
+        try:
+            st = os.stat(path)
+            if st.st_size == size and st.st_mtime_ns == mtime_ns:
+                continue
+            with open(path, "rb") as f:
+                import hashlib
+
+                if hashlib.sha256(f.read()).hexdigest() == digest:
+                    continue
+        except OSError:
+            continue  # (no source beside it: nothing to tell it from)
+        stale.append(source)
+    return stale
+
+
 PURE = os.environ.get("NFSRDMA_PURE", "") not in ("", "0")
-if PURE and _SourceOnly not in sys.meta_path:
+# A compiled module older than its source would run code that is no longer there: the sources
+# run instead (the pure build) until the next build (``setup.py build_ext --inplace``).
+STALE = [] if PURE else _stale_compiled(os.path.dirname(__file__))
+if STALE:
+    import warnings
+
+    warnings.warn(
+        f"nfsrdma: compiled modules older than their sources ({', '.join(STALE)}): running "
+        "the pure-Python build; rebuild with: python setup.py build_ext --inplace",
+        stacklevel=2,
+    )
+if (PURE or STALE) and _SourceOnly not in sys.meta_path:
     sys.meta_path.insert(0, _SourceOnly)
 
 
@@ -51,6 +92,8 @@ def build() -> str:
     )
     if compiled:
         return f"compiled (mypyc: {len(compiled)} modules loaded: {', '.join(compiled)})"
+    if STALE:
+        return "pure Python (compiled modules older than their sources)"
     return "pure Python" + (" (NFSRDMA_PURE)" if PURE else "")
 
 

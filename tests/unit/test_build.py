@@ -3,7 +3,9 @@ even where a compiled module of the same name sits beside it (which plain import
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
+import json
 import os
 import subprocess
 import sys
@@ -35,3 +37,26 @@ def test_nfsrdma_pure_installs_the_finder_and_says_so() -> None:
     env["NFSRDMA_PURE"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split(maxsplit=1)[0] == "False"
+
+
+def test_a_compiled_module_older_than_its_source_is_told(tmp_path: Path) -> None:
+    """setup.py's build records each compiled source (compiled.json); a source edited since is
+    stale (the package then runs the pure build), one merely touched or reinstalled is not."""
+    (tmp_path / "nfs4").mkdir()
+    src = tmp_path / "nfs4" / "compound.py"
+    src.write_text("X = 1\n")
+    other = tmp_path / "runtime.py"
+    other.write_text("Y = 2\n")
+    stamp = {}
+    for path in (src, other):
+        st = path.stat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        stamp[str(path.relative_to(tmp_path))] = [st.st_size, st.st_mtime_ns, digest]
+    (tmp_path / "compiled.json").write_text(json.dumps(stamp))
+    assert nfsrdma._stale_compiled(str(tmp_path)) == []
+    os.utime(other, ns=(1, 1))  # the same text at another time (a wheel's files): not stale
+    assert nfsrdma._stale_compiled(str(tmp_path)) == []
+    src.write_text("X = 3\n")  # edited: same size, other text
+    assert nfsrdma._stale_compiled(str(tmp_path)) == ["nfs4/compound.py"]
+    (tmp_path / "compiled.json").write_text("{not json")
+    assert nfsrdma._stale_compiled(str(tmp_path)) == []  # no readable record: nothing to tell
