@@ -44,6 +44,9 @@ fi
 stamp=".venv/.nfsrdma-$profile-$(sha256sum pyproject.toml | cut -c1-16)"
 if [[ ! -e $stamp ]]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+  # Nothing compiled here: an editable install would compile in a build directory of its own,
+  # every time; make serve and make test build the hot path in place instead (setup.py
+  # build_ext --inplace, incremental), with the mypy the extras install.
+  NFSRDMA_COMPILE=none .venv/bin/python -m pip install -q -e ".[$extras]"
   touch "$stamp"
 fi
