@@ -63,10 +63,31 @@ SERVER_HOT: list[str] = [
     "nfsrdma/nfs4/ops/session_ops.py",
     "nfsrdma/session/server.py",
 ]
+# The RPC-over-RDMA transport's per-message code, both directions (issue 12, ``rdmapath``).
+RDMA_HOT: list[str] = [
+    f"nfsrdma/transport/rdma/{m}.py"
+    for m in (
+        "calls",
+        "connection_base",
+        "continuation",
+        "credits",
+        "endpoint",
+        "header",
+        "marshal",
+        "pool",
+        "privdata",
+        "requester",
+        "responder",
+        "rtrext",
+        "rtrheader",
+        "sendqueue",
+    )
+]
 _SELECTIONS: dict[str, list[str]] = {
     "candidates": CANDIDATES,
-    "hot": [*CANDIDATES, *SERVER_HOT],
+    "hot": [*CANDIDATES, *SERVER_HOT, *RDMA_HOT],
     "server": SERVER_HOT,
+    "rdma": RDMA_HOT,
 }
 COMPILED: list[str] = _SELECTIONS.get(os.environ.get("NFSRDMA_COMPILE", ""), [])
 
