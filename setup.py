@@ -74,12 +74,33 @@ SERVER_HOT: list[str] = [
     "nfsrdma/nfs4/ops/session_ops.py",
     "nfsrdma/session/server.py",
 ]
+# The RPC-over-RDMA transport's per-message code, both directions.
+RDMA_HOT: list[str] = [
+    f"nfsrdma/transport/rdma/{m}.py"
+    for m in (
+        "calls",
+        "connection_base",
+        "continuation",
+        "credits",
+        "endpoint",
+        "header",
+        "marshal",
+        "pool",
+        "privdata",
+        "requester",
+        "responder",
+        "rtrext",
+        "rtrheader",
+        "sendqueue",
+    )
+]
 # ``NFSRDMA_COMPILE`` picks a selection at build time: ``hot`` (the default: everything above),
-# ``candidates`` or ``server`` (to measure a part alone), ``none``.
+# ``candidates``, ``server`` or ``rdma`` (to measure a part alone), ``none``.
 _SELECTIONS: dict[str, list[str]] = {
-    "hot": [*CANDIDATES, *SERVER_HOT],
+    "hot": [*CANDIDATES, *SERVER_HOT, *RDMA_HOT],
     "candidates": CANDIDATES,
     "server": SERVER_HOT,
+    "rdma": RDMA_HOT,
     "none": [],
 }
 _SELECTION = os.environ.get("NFSRDMA_COMPILE", "") or "hot"

@@ -28,6 +28,7 @@ from nfsrdma.transport.rdma.pyverbs_provider import PyverbsDevice, open_device
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import Writer
 from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
+from tests.unit.rdma.helpers import Patchable
 
 pytestmark = pytest.mark.testbed
 MiB = 1 << 20
@@ -48,10 +49,12 @@ def closed(conn: RdmaConnection) -> asyncio.Future[BaseException | None]:
 
 @asynccontextmanager
 async def rdma_to(
-    port: int, options: RdmaOptions | None = None
+    port: int,
+    options: RdmaOptions | None = None,
+    connection: type[RdmaConnection] = RdmaConnection,
 ) -> AsyncIterator[tuple[PyverbsDevice, RdmaConnection, RpcConnection]]:
     device = await open_device(guest_addr())
-    conn = await connect_rdma(device, guest_addr(), port, options)
+    conn = await connect_rdma(device, guest_addr(), port, options, connection=connection)
     rpc = RpcConnection(conn)
     try:
         yield device, conn, rpc
@@ -263,7 +266,9 @@ async def test_tr14_a_client_flooding_past_its_credits_is_disconnected_others_ar
     async with rdma_to(OURS_RDMA_PORT) as (_, _good, good_rpc):
         # Plain v1 (rtrext off): the flood must be Long calls by position-zero Read chunk; with
         # rtrext they would go as continued Sends, which need no RDMA Read.
-        async with rdma_to(OURS_RDMA_PORT, RdmaOptions(rtrext=False)) as (_, conn, rpc):
+        # Patchable: its ``_post_recv`` is replaced below, in the compiled build too.
+        flooding = rdma_to(OURS_RDMA_PORT, RdmaOptions(rtrext=False), Patchable)
+        async with flooding as (_, conn, rpc):
             await rpc.call(nfs4.NFS4_PROGRAM, nfs4.NFS_V4, 0, timeout=30)
             n = 8 * conn.credits.granted
             # Every receive is posted now; from here on, none is posted again, and one reply

@@ -4,8 +4,6 @@ scratch memory chunk data passes through."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from nfsrdma.transport.base import ReplyExpectation
 from nfsrdma.transport.rdma.header import Header
 from nfsrdma.transport.rdma.pool import PooledBuffer, memory_address
@@ -15,20 +13,33 @@ from nfsrdma.xdr.runtime import Buffer, Writer
 __all__ = ["CallContext", "InCall", "OutCall", "Scratch"]
 
 
-@dataclass(slots=True)
 class OutCall:
-    """What a requester holds for one outstanding call."""
+    """What a requester holds for one outstanding call. (The classes here are plain classes,
+    not dataclasses: compiled, a dataclass's ``__init__`` stays interpreted, and one of these
+    is made for every call.)"""
 
-    xid: int
-    regions: list[MemoryRegion] = field(default_factory=list)
-    sinks: list[tuple[MemoryRegion, memoryview, bool]] = field(default_factory=list)
-    reply_region: MemoryRegion | None = None
-    counted: bool = True  # holds credits
-    held: int = 1  # credits held: transmissions of the call or of its reply (RT-8)
-    reply_transmissions: int = 1  # what a continued reply may use (rtrext)
-    # A continued call keeps its message and expectation until its reply, to resend it with
-    # plain v1 if the responder reports the group broken (REPTERR, RT-19).
-    plain_retry: tuple[Writer, ReplyExpectation] | None = None
+    __slots__ = (
+        "counted",
+        "held",
+        "plain_retry",
+        "regions",
+        "reply_region",
+        "reply_transmissions",
+        "sinks",
+        "xid",
+    )
+
+    def __init__(self, xid: int, *, counted: bool = True) -> None:
+        self.xid = xid
+        self.regions: list[MemoryRegion] = []
+        self.sinks: list[tuple[MemoryRegion, memoryview, bool]] = []
+        self.reply_region: MemoryRegion | None = None
+        self.counted = counted  # holds credits
+        self.held = 1  # credits held: transmissions of the call or of its reply (RT-8)
+        self.reply_transmissions = 1  # what a continued reply may use (rtrext)
+        # A continued call keeps its message and expectation until its reply, to resend it
+        # with plain v1 if the responder reports the group broken (REPTERR, RT-19).
+        self.plain_retry: tuple[Writer, ReplyExpectation | None] | None = None
 
 
 class Scratch:
@@ -72,22 +83,27 @@ class Scratch:
             self.region = None
 
 
-@dataclass(slots=True)
 class InCall:
     """A call being assembled (RDMA Reads of its chunks) or being answered."""
 
-    header: Header
-    message: Buffer
-    chunks: dict[int, Buffer] = field(default_factory=dict)
-    pending_reads: int = 0
-    scratch: list[Scratch] = field(default_factory=list)
+    __slots__ = ("chunks", "header", "message", "pending_reads", "scratch")
+
+    def __init__(self, header: Header, message: Buffer) -> None:
+        self.header = header
+        self.message = message
+        self.chunks: dict[int, Buffer] = {}
+        self.pending_reads = 0
+        self.scratch: list[Scratch] = []
 
 
-@dataclass(slots=True)
 class CallContext:
     """Transport state of an inbound call, handed back with its reply."""
 
-    header: Header
-    scratch: list[Scratch]
-    # Registered memory lent for the reply's READ data (``Responder.lend``), taken back with it.
-    lent: list[Scratch] = field(default_factory=list)
+    __slots__ = ("header", "lent", "scratch")
+
+    def __init__(self, header: Header, scratch: list[Scratch]) -> None:
+        self.header = header
+        self.scratch = scratch
+        # Registered memory lent for the reply's READ data (``Responder.lend``), taken back
+        # with it.
+        self.lent: list[Scratch] = []

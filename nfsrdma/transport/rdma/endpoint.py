@@ -13,12 +13,12 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from nfsrdma._mypyc import mypyc_attr
 from nfsrdma.transport.rdma import rtrext
 from nfsrdma.transport.rdma.calls import CallContext
 from nfsrdma.transport.rdma.calls import OutCall as _OutCall  # tests/unit/rdma use this name
 from nfsrdma.transport.rdma.connection_base import RdmaOptions
 from nfsrdma.transport.rdma.provider import ConnectRequest, Device, Listener
-from nfsrdma.transport.rdma.requester import Requester
 from nfsrdma.transport.rdma.responder import Responder
 
 __all__ = [
@@ -33,19 +33,27 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class RdmaConnection(Requester, Responder):
-    """One RC connection carrying RPC messages both ways (RFC 8167)."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class RdmaConnection(Responder):
+    """One RC connection carrying RPC messages both ways (RFC 8167): ``Responder`` derives
+    from ``Requester``, which derives from ``RdmaConnectionBase``."""
 
 
 # -- connection set-up ------------------------------------------------------------------
 
 
 async def connect_rdma(
-    device: Device, host: str, port: int, options: RdmaOptions | None = None
+    device: Device,
+    host: str,
+    port: int,
+    options: RdmaOptions | None = None,
+    *,
+    connection: type[RdmaConnection] = RdmaConnection,
 ) -> RdmaConnection:
-    """Connect as a requester (client): private data out, the server's back (PD-1)."""
+    """Connect as a requester (client): private data out, the server's back (PD-1).
+    ``connection``: the class of the connection made (tests: a subclass that breaks a rule)."""
     opts = options or RdmaOptions()
-    conn = RdmaConnection(device, opts, server=False, peer=f"{host}:{port}")
+    conn = connection(device, opts, server=False, peer=f"{host}:{port}")
     qp = await device.resolve(host, port, conn.qp_config(), conn.on_event)
     conn.attach(qp)
     caps = device.caps
@@ -69,10 +77,15 @@ class RdmaListener:
         on_connection: Callable[[RdmaConnection], None],
         options: RdmaOptions | None = None,
         screen: Callable[[str], bool] | None = None,
+        *,
+        connection: type[RdmaConnection] = RdmaConnection,
     ) -> None:
         """``screen(peer)`` is asked before a request is accepted; False rejects it at the
-        connection manager, so the peer's connect fails at once and no resources are made."""
+        connection manager, so the peer's connect fails at once and no resources are made.
+        ``connection`` is the class of the connections made (tests: a subclass that breaks a
+        rule; read at each request)."""
         self.device = device
+        self.connection = connection
         self.requested_port = port
         self.on_connection = on_connection
         self.options = options or RdmaOptions()
@@ -101,7 +114,7 @@ class RdmaListener:
         if self.screen is not None and not self.screen(req.peer):
             req.reject()
             return
-        conn = RdmaConnection(self.device, self._options_for(req), server=True, peer=req.peer)
+        conn = self.connection(self.device, self._options_for(req), server=True, peer=req.peer)
         try:
             qp = req.create_connection(conn.qp_config(), conn.on_event)
             conn.attach(qp)

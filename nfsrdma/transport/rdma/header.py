@@ -9,33 +9,35 @@ protocol means them (Read segments with one position form one Read chunk), or ra
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Final, NamedTuple
 
 from nfsrdma.xdr.gen import rpcrdma
 from nfsrdma.xdr.runtime import Reader, Writer, XdrError
 
-VERSION = 1
-MIN_INLINE = 1024  # the default and minimum inline threshold (RFC 8166 section 3.3.3)
-_FIXED = struct.Struct(">IIII")  # xid, vers, credit, proc
+VERSION: Final = 1
+MIN_INLINE: Final = 1024  # the default and minimum inline threshold (RFC 8166 section 3.3.3)
+_FIXED: Final = struct.Struct(">IIII")  # xid, vers, credit, proc
 # RDMA_MSG with three empty chunk lists: the header of nearly every inline message.
-_PLAIN = struct.Struct(">IIIIIII")
-_PLAIN_SIZE = _PLAIN.size
-_NO_CHUNKS = bytes(12)
+_PLAIN: Final = struct.Struct(">IIIIIII")
+_PLAIN_SIZE: Final = 28  # _PLAIN.size
+_NO_CHUNKS: Final = bytes(12)
 # RDMA_MSG with an empty Read list, one Write chunk of n segments (the next word), then the
 # ends of the Write list and an absent Reply chunk: a READ call of the Linux client, and the
 # reply to it.
-_ONE_WRITE = struct.Struct(">III")  # read list end, write chunk present, segment count
-_ONE_WRITE_REPLY = struct.Struct(">IIIIIII")  # the fixed words, then _ONE_WRITE's
-_SEGMENT = struct.Struct(">IIQ")  # handle, length, offset
-_NO_MORE = bytes(8)  # write list end, no reply chunk
-_ERR_VERS_BODY = struct.Struct(">III")  # ERR_VERS, rdma_vers_low, rdma_vers_high
+_ONE_WRITE: Final = struct.Struct(">III")  # read list end, write chunk present, segment count
+_ONE_WRITE_REPLY: Final = struct.Struct(">IIIIIII")  # the fixed words, then _ONE_WRITE's
+_SEGMENT: Final = struct.Struct(">IIQ")  # handle, length, offset
+_NO_MORE: Final = bytes(8)  # write list end, no reply chunk
+_ERR_VERS_BODY: Final = struct.Struct(">III")  # ERR_VERS, rdma_vers_low, rdma_vers_high
 
-RDMA_MSG = rpcrdma.RDMA_MSG
-RDMA_NOMSG = rpcrdma.RDMA_NOMSG
-RDMA_ERROR = rpcrdma.RDMA_ERROR
-ERR_VERS = rpcrdma.ERR_VERS
-ERR_CHUNK = rpcrdma.ERR_CHUNK
+# Plain ints (the generated enums' values): compared natively when compiled, and faster
+# than enum members in the pure build too.
+RDMA_MSG: Final = int(rpcrdma.rdma_proc.RDMA_MSG)
+RDMA_NOMSG: Final = int(rpcrdma.rdma_proc.RDMA_NOMSG)
+RDMA_ERROR: Final = int(rpcrdma.rdma_proc.RDMA_ERROR)
+ERR_VERS: Final = int(rpcrdma.rpc_rdma_errcode.ERR_VERS)
+ERR_CHUNK: Final = int(rpcrdma.rpc_rdma_errcode.ERR_CHUNK)
 
 
 class Segment(NamedTuple):
@@ -58,20 +60,64 @@ class ReadChunk:
         return sum(s.length for s in self.segments)
 
 
-@dataclass(slots=True)
 class Header:
-    xid: int
-    vers: int
-    credit: int
-    proc: int
-    reads: list[ReadChunk] = field(default_factory=list)
-    writes: list[list[Segment]] = field(default_factory=list)
-    reply: list[Segment] | None = None
-    error: int | None = None  # RDMA_ERROR: ERR_VERS or ERR_CHUNK
-    vers_range: tuple[int, int] | None = None  # RDMA_ERROR / ERR_VERS
-    size: int = 0  # bytes of header; for RDMA_MSG the RPC message starts here
-    # rtrext: transmissions the reply may use (1 + the receives the requester reserved, RT-8)
-    reply_transmissions: int = 1
+    """A parsed transport header. A plain class, not a dataclass: compiled, a dataclass's
+    ``__init__`` stays interpreted, and one is made for every message."""
+
+    __slots__ = (
+        "credit",
+        "error",
+        "proc",
+        "reads",
+        "reply",
+        "reply_transmissions",
+        "size",
+        "vers",
+        "vers_range",
+        "writes",
+        "xid",
+    )
+
+    def __init__(
+        self,
+        xid: int,
+        vers: int,
+        credit: int,
+        proc: int,
+        reads: list[ReadChunk] | None = None,
+        writes: list[list[Segment]] | None = None,
+        reply: list[Segment] | None = None,
+        error: int | None = None,  # RDMA_ERROR: ERR_VERS or ERR_CHUNK
+        vers_range: tuple[int, int] | None = None,  # RDMA_ERROR / ERR_VERS
+        size: int = 0,  # bytes of header; for RDMA_MSG the RPC message starts here
+        # rtrext: transmissions the reply may use (1 + the receives the requester reserved)
+        reply_transmissions: int = 1,
+    ) -> None:
+        self.xid = xid
+        self.vers = vers
+        self.credit = credit
+        self.proc = proc
+        self.reads: list[ReadChunk] = [] if reads is None else reads
+        self.writes: list[list[Segment]] = [] if writes is None else writes
+        self.reply = reply
+        self.error = error
+        self.vers_range = vers_range
+        self.size = size
+        self.reply_transmissions = reply_transmissions
+
+    def replace(self, *, reply_transmissions: int) -> Header:
+        """This header with another ``reply_transmissions``."""
+        h = Header(self.xid, self.vers, self.credit, self.proc, self.reads, self.writes)
+        h.reply, h.error, h.vers_range, h.size = self.reply, self.error, self.vers_range, self.size
+        h.reply_transmissions = reply_transmissions
+        return h
+
+    def __repr__(self) -> str:
+        return (
+            f"Header(xid={self.xid:#x}, vers={self.vers}, credit={self.credit}, "
+            f"proc={self.proc}, reads={self.reads!r}, writes={self.writes!r}, "
+            f"reply={self.reply!r}, error={self.error}, size={self.size})"
+        )
 
     def rkeys(self) -> set[int]:
         keys = {s.handle for c in self.reads for s in c.segments}
@@ -308,7 +354,7 @@ def encode_error(xid: int, credit: int, err: int, vers: int = VERSION) -> bytes:
     w += _FIXED.pack(xid, vers, credit, RDMA_ERROR)[:12]
     rng = rpcrdma.rpc_rdma_errvers(VERSION, VERSION) if err == ERR_VERS else None
     error = rpcrdma.rpc_rdma_error(rpcrdma.rpc_rdma_errcode(err), rng)
-    rpcrdma.enc_rdma_body(w, rpcrdma.rdma_body(RDMA_ERROR, error))
+    rpcrdma.enc_rdma_body(w, rpcrdma.rdma_body(rpcrdma.rdma_proc.RDMA_ERROR, error))
     return bytes(w)
 
 

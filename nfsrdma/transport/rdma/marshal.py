@@ -17,7 +17,8 @@ item's bytes and the receiver restores the padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 from nfsrdma.transport.rdma.header import (
     ERR_CHUNK,
@@ -30,7 +31,7 @@ from nfsrdma.transport.rdma.header import (
 )
 from nfsrdma.xdr.runtime import Buffer, DdpItem, Writer
 
-PLAIN_HEADER_SIZE = header_size(0, [], None)  # RDMA_MSG with three empty chunk lists
+PLAIN_HEADER_SIZE: Final = header_size(0, [], None)  # RDMA_MSG with three empty chunk lists
 
 # -- requester ---------------------------------------------------------------------------
 
@@ -43,13 +44,26 @@ class ReadExposure:
     data: list[Buffer]  # its bytes, in pieces
 
 
-@dataclass(slots=True)
 class CallPlan:
-    proc: int  # RDMA_MSG or RDMA_NOMSG
-    inline: list[Buffer]  # the RPC message after the header (RDMA_MSG); empty for NOMSG
-    reads: list[ReadExposure] = field(default_factory=list)
-    write_chunks: list[int] = field(default_factory=list)  # capacity of each Write chunk
-    reply_chunk: int | None = None  # capacity of the Reply chunk, if one is offered
+    """How a call crosses. (``CallPlan`` and ``ReplyPlan`` are plain classes, not dataclasses:
+    compiled, a dataclass's ``__init__`` stays interpreted, and one is made per message.)"""
+
+    __slots__ = ("inline", "proc", "reads", "reply_chunk", "write_chunks")
+
+    def __init__(
+        self,
+        proc: int,
+        inline: list[Buffer],
+        reads: list[ReadExposure] | None = None,
+        write_chunks: list[int] | None = None,
+        reply_chunk: int | None = None,
+    ) -> None:
+        self.proc = proc  # RDMA_MSG or RDMA_NOMSG
+        self.inline = inline  # the RPC message after the header (RDMA_MSG); empty for NOMSG
+        self.reads: list[ReadExposure] = [] if reads is None else reads
+        # The capacity of each Write chunk, and of the Reply chunk if one is offered.
+        self.write_chunks: list[int] = [] if write_chunks is None else write_chunks
+        self.reply_chunk = reply_chunk
 
     @property
     def inline_size(self) -> int:
@@ -61,7 +75,7 @@ def _length(pieces: list[Buffer]) -> int:
 
 
 # The header of an RDMA_MSG call offering nothing but a Reply chunk of one segment.
-_REPLY_CHUNK_HEADER_SIZE = header_size(0, [], 1)
+_REPLY_CHUNK_HEADER_SIZE: Final = header_size(0, [], 1)
 
 
 def plan_call(
@@ -115,22 +129,36 @@ def plan_call(
 # -- responder ---------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
 class RdmaWrite:
     """One RDMA Write to post: ``data`` into the peer's ``segment`` at ``segment_offset``."""
 
-    data: memoryview
-    segment: Segment
-    segment_offset: int
+    __slots__ = ("data", "segment", "segment_offset")
+
+    def __init__(self, data: memoryview, segment: Segment, segment_offset: int) -> None:
+        self.data = data
+        self.segment = segment
+        self.segment_offset = segment_offset
+
+    def __repr__(self) -> str:
+        return f"RdmaWrite({bytes(self.data)!r}, {self.segment!r}, {self.segment_offset})"
 
 
-@dataclass(slots=True)
 class ReplyPlan:
-    proc: int  # RDMA_MSG or RDMA_NOMSG
-    writes: list[RdmaWrite]  # post these before the Send (TR-19)
-    write_list: list[list[Segment]]  # returned Write list, lengths cut to what was written
-    reply: list[Segment] | None  # returned Reply chunk (lengths written), if one was offered
-    inline: list[Buffer]  # the RPC message after the header (RDMA_MSG)
+    __slots__ = ("inline", "proc", "reply", "write_list", "writes")
+
+    def __init__(
+        self,
+        proc: int,
+        writes: list[RdmaWrite],
+        write_list: list[list[Segment]],
+        reply: list[Segment] | None,
+        inline: list[Buffer],
+    ) -> None:
+        self.proc = proc  # RDMA_MSG or RDMA_NOMSG
+        self.writes = writes  # post these before the Send (TR-19)
+        self.write_list = write_list  # returned Write list, lengths cut to what was written
+        self.reply = reply  # returned Reply chunk (lengths written), if one was offered
+        self.inline = inline  # the RPC message after the header (RDMA_MSG)
 
 
 def _scatter(data: memoryview, segments: list[Segment]) -> tuple[list[RdmaWrite], list[Segment]]:
@@ -153,7 +181,7 @@ def _capacity(segments: list[Segment]) -> int:
 
 
 # The header of an RDMA_MSG reply returning one Write chunk of one segment, no Reply chunk.
-_ONE_SEGMENT_REPLY_HEADER = header_size(0, [1], None)
+_ONE_SEGMENT_REPLY_HEADER: Final = header_size(0, [1], None)
 
 
 def plan_reply(msg: Writer, call: Header, send_limit: int) -> ReplyPlan:

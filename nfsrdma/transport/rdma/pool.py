@@ -13,7 +13,6 @@ buffer touches only a free list; the ``PooledBuffer`` objects themselves are mad
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
 
 from nfsrdma.transport.rdma.provider import (
     Access,
@@ -28,31 +27,32 @@ class PoolExhausted(ProviderError):
     """No free buffer in the pool."""
 
 
-@dataclass(slots=True, eq=False)
 class PooledBuffer:
-    """One buffer of a pool: ``view`` is its bytes inside the pool's registered region."""
+    """One buffer of a pool: ``view`` is its bytes inside the pool's registered region.
 
-    pool: BufferPool
-    index: int
-    offset: int  # within the pool's region
-    view: memoryview = field(repr=False)
-    in_use: bool = False
-    # Where the buffer is and its key, fixed for the pool's life (one region, registered once):
-    # taken once here, not through the pool and region per work request.
-    addr: int = field(init=False, repr=False)
-    lkey: int = field(init=False, repr=False)
-    # Where ``view``'s bytes are in this process (not the registered address, which a
-    # provider may choose): the pool's once, not a ``ctypes`` look-up per use.
-    memory: int | None = field(init=False, repr=False)
-    whole: Sge = field(init=False, repr=False)  # the element for all of it (a receive's)
+    A plain class (compared by identity), not a dataclass: compiled, a dataclass's
+    ``__init__`` stays interpreted, and its field types are evaluated at import."""
 
-    def __post_init__(self) -> None:
-        pool = self.pool
+    __slots__ = ("addr", "in_use", "index", "lkey", "memory", "offset", "pool", "view", "whole")
+
+    def __init__(self, pool: BufferPool, index: int, offset: int, view: memoryview) -> None:
+        self.pool = pool
+        self.index = index
+        self.offset = offset  # within the pool's region
+        self.view = view
+        self.in_use = False
         region = pool.region
-        self.addr = region.addr + self.offset
-        self.lkey = region.lkey
-        self.memory = None if pool.memory is None else pool.memory + self.offset
-        self.whole = Sge(self.addr, len(self.view), self.lkey)
+        # Where the buffer is and its key, fixed for the pool's life (one region, registered
+        # once): taken once here, not through the pool and region per work request.
+        self.addr: int = region.addr + offset
+        self.lkey: int = region.lkey
+        # Where ``view``'s bytes are in this process (not the registered address, which a
+        # provider may choose): the pool's once, not a ``ctypes`` look-up per use.
+        self.memory = None if pool.memory is None else pool.memory + offset
+        self.whole = Sge(self.addr, len(view), self.lkey)  # the element for all of it
+
+    def __repr__(self) -> str:
+        return f"PooledBuffer(pool={self.pool.name!r}, index={self.index}, in_use={self.in_use})"
 
     @property
     def size(self) -> int:

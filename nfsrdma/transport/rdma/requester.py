@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TypeVar
 
+from nfsrdma._mypyc import mypyc_attr
 from nfsrdma.transport.base import Inbound, ReplyExpectation, TransportCallError
 from nfsrdma.transport.rdma import continuation, rtrext_tbsn
 from nfsrdma.transport.rdma import header as hdr
@@ -32,7 +34,16 @@ __all__ = ["RdmaErrorReply", "Requester"]
 
 log = logging.getLogger(__name__)
 
+_C = TypeVar("_C", bound=type)
 
+
+def _python_class(cls: _C) -> _C:
+    """Nothing, but a class decorator mypyc does not know keeps the class a Python class in
+    the compiled build (a native class cannot derive from ``ConnectionError``)."""
+    return cls
+
+
+@_python_class
 class RdmaErrorReply(TransportCallError):
     """The responder answered a call with RDMA_ERROR; ``header`` is that reply's header (its
     error code, and for ERR_VERS the version range)."""
@@ -42,6 +53,7 @@ class RdmaErrorReply(TransportCallError):
         self.header = header
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Requester(RdmaConnectionBase):
     async def reserve(self, probe: bool = False) -> None:
         while not self.credits.may_send(probe) and not self.closed:
@@ -66,13 +78,14 @@ class Requester(RdmaConnectionBase):
         """Send a call (``continued=False``: plain v1 even when rtrext is on)."""
         if self.closed or self.qp is None:
             raise ConnectionError(f"rdma connection to {self.peer} is closed")
-        expect = expect or ReplyExpectation()
+        sinks = expect.sinks if expect is not None else []
+        max_reply = expect.max_size if expect is not None else 0
         plan = plan_call(
             msg,
             send_limit=self.send_limit,
             recv_limit=self.recv_limit,
-            sinks=[len(s) for s in expect.sinks],
-            max_reply=expect.max_size,
+            sinks=[len(s) for s in sinks],
+            max_reply=max_reply,
             max_write_chunks=self.options.max_write_chunks,
             max_read_chunks=self.options.max_read_chunks,
         )
@@ -84,7 +97,7 @@ class Requester(RdmaConnectionBase):
                 plt=self.rtr.tbsn_plt,
                 send_limit=self.send_limit,
                 recv_limit=self.recv_limit,
-                max_reply=expect.max_size,
+                max_reply=max_reply,
                 call_limit=self.rtr.call_limit,
                 reply_limit=self.rtr.reply_limit,
                 credits_free=self.credits.free(),
@@ -94,7 +107,7 @@ class Requester(RdmaConnectionBase):
                 plan,
                 send_limit=self.send_limit,
                 recv_limit=self.recv_limit,
-                max_reply=expect.max_size,
+                max_reply=max_reply,
                 call_limit=self.rtr.call_limit,
                 reply_limit=self.rtr.reply_limit,
                 credits_free=self.credits.free(),
@@ -123,7 +136,7 @@ class Requester(RdmaConnectionBase):
             )
             self.stats["read_chunks"] += 1
         writes = []
-        for capacity, sink in zip(plan.write_chunks, expect.sinks, strict=False):
+        for capacity, sink in zip(plan.write_chunks, sinks, strict=False):
             region, direct = self._sink_region(sink, capacity)
             out.regions.append(region)
             out.sinks.append((region, sink, direct))

@@ -42,6 +42,14 @@ class MisbehavingServer(NFSServer):
         self.rdma_fault = rdma_fault
         self.mutated = 0  # replies changed: a test can tell the mutation was reached
 
+    async def start(self) -> None:
+        await super().start()
+        if self.rdma_fault is not None and self.rdma is not None:
+            # Connections whose methods a fault may replace on the instance, in both builds.
+            from tests.unit.rdma.helpers import Patchable
+
+            self.rdma.connection = Patchable
+
     def _accept(self, conn: Any) -> None:
         if self.rdma_fault is not None and conn.kind == "rdma":
             self.rdma_fault(conn)

@@ -170,11 +170,11 @@ def refuses_long_calls(conn: Any) -> None:
     """RDMA_NOMSG calls (the message in a position-zero Read chunk) draw ERR_CHUNK."""
     on_call = conn._on_call
 
-    def _on_call(h: Any, inline: Any) -> None:
+    def _on_call(h: Any, inline: Any, *rest: Any) -> None:
         if h.proc == hdr.RDMA_NOMSG:
             conn._send([hdr.encode_error(h.xid, conn.policy.grant, hdr.ERR_CHUNK)])
             return
-        on_call(h, inline)
+        on_call(h, inline, *rest)
 
     conn._on_call = _on_call
 
@@ -215,11 +215,11 @@ def ignores_null(conn: Any) -> None:
     """An RPC NULL call (procedure 0: a keepalive probe) with no chunks gets no answer."""
     on_call = conn._on_call
 
-    def _on_call(h: Any, inline: Any) -> None:
+    def _on_call(h: Any, inline: Any, *rest: Any) -> None:
         plain = h.proc == hdr.RDMA_MSG and not (h.reads or h.writes or h.reply)
         if plain and len(inline) >= 24 and bytes(inline[20:24]) == bytes(4):
             return
-        on_call(h, inline)
+        on_call(h, inline, *rest)
 
     conn._on_call = _on_call
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from nfsrdma.transport.rdma.endpoint import RdmaConnection
 from nfsrdma.transport.rdma.header import Segment
 from nfsrdma.transport.rdma.inproc import InprocDevice, InprocFabric
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection
@@ -22,6 +23,15 @@ from nfsrdma.transport.rdma.provider import (
     Disconnected,
     QueuePairConfig,
 )
+
+
+class Patchable(RdmaConnection):
+    """An ``RdmaConnection`` whose methods a test may replace on the instance (``conn._send =
+    spy``), in both builds. Compiled, ``RdmaConnection`` calls its own methods directly; for an
+    interpreted subclass like this one it calls them through Python attribute look-up, where
+    the instance's attributes come first. Made by ``connect_rdma(..., connection=Patchable)``
+    and ``RdmaListener(..., connection=Patchable)``."""
+
 
 PORT = 20049
 CONFIG = QueuePairConfig(max_send_wr=16, max_recv_wr=16, max_send_sge=4, max_inline_data=64)

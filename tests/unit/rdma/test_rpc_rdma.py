@@ -28,6 +28,7 @@ from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Writer, XdrError, unpack_from
 from tests.unit.conditions import Changes
 from tests.unit.rdma.faults import BAD_HEADERS, expect_rdma_error
+from tests.unit.rdma.helpers import Patchable
 
 PROG, VERS = 400200, 1
 P_WRITE, P_READ, P_READLINK, P_BLOB, P_SLOW = 1, 2, 3, 4, 5
@@ -79,8 +80,13 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    server_opts: RdmaOptions | None = None, client_opts: RdmaOptions | None = None
+    server_opts: RdmaOptions | None = None,
+    client_opts: RdmaOptions | None = None,
+    *,
+    connection: type[RdmaConnection] = RdmaConnection,
 ) -> AsyncIterator[Rig]:
+    """Our client and server over an in-process fabric; both connections of ``connection``'s
+    class (``Patchable`` where a test replaces their methods)."""
     fabric = InprocFabric()
     sdev, cdev = fabric.device("10.0.0.1"), fabric.device("10.0.0.2")
     r = Rig()
@@ -114,9 +120,9 @@ async def rig(
         r.server_rpc.append(RpcConnection(c, disp))
         r.changes.notify()
 
-    listener = RdmaListener(sdev, 20049, accepted, server_opts)
+    listener = RdmaListener(sdev, 20049, accepted, server_opts, connection=connection)
     await listener.start()
-    r.client = await connect_rdma(cdev, "10.0.0.1", 20049, client_opts)
+    r.client = await connect_rdma(cdev, "10.0.0.1", 20049, client_opts, connection=connection)
     r.rpc = RpcConnection(r.client, disp)  # answers backward calls too (RFC 8167)
     await r.until(lambda: bool(r.server), "the server side accepted")
     try:
@@ -306,7 +312,7 @@ async def test_tr14_ul24_client_never_exceeds_the_servers_grant() -> None:
 
 
 async def test_tr20_memory_is_invalidated_on_every_path() -> None:
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         assert r.rpc is not None and r.client is not None
         client = r.client
         regions: list[object] = []
@@ -361,7 +367,7 @@ async def test_tr14_long_calls_behind_a_reply_the_requester_cannot_receive_end_i
     requests execute in order). Long calls then stay outstanding at the responder, whatever
     the timing, until they pass its credits and it ends the connection. (Plain v1: with
     rtrext, calls this long would come as continued Sends, needing no RDMA Read.)"""
-    async with rig(RdmaOptions(credits=3), RdmaOptions(rtrext=False)) as r:
+    async with rig(RdmaOptions(credits=3), RdmaOptions(rtrext=False), connection=Patchable) as r:
         assert r.rpc is not None and r.client is not None
         client, rpc = r.client, r.rpc
         await rpc.call(PROG, VERS, 0)
@@ -436,7 +442,7 @@ async def test_chunks_larger_than_the_data_pool_get_their_own_registration() -> 
 
 
 async def test_tr2_transport_xid_is_the_rpc_xid() -> None:
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         assert r.rpc is not None
         seen: list[tuple[int, int]] = []
         server = r.server[0]

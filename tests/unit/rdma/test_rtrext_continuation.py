@@ -15,6 +15,7 @@ from nfsrdma.transport.rdma.credits import CreditWindow
 from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.runtime import U32, Buffer
+from tests.unit.rdma.helpers import Patchable
 from tests.unit.rdma.test_rpc_rdma import P_BLOB, P_READLINK, PROG, VERS, Rig, rig
 
 EXPLICIT = ("read_chunks", "write_chunks", "reply_chunks", "registrations")
@@ -174,7 +175,7 @@ def _corrupt_groups(conn: RdmaConnection, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["reorder", "drop"])
 async def test_rt18_rt19_a_broken_call_group_is_reported_and_resent_over_v1(how: str) -> None:
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         assert r.client is not None and r.rpc is not None
         await granted(r)
         _corrupt_groups(r.client, how)
@@ -210,7 +211,7 @@ async def test_rt6_rt18_a_plain_message_inside_a_call_group_breaks_that_call_onl
     """The client slips a plain v1 call in the middle of its own continued call: the server
     reports BADHMT naming the continued call (the group's lead), which the client resends over
     plain v1; the plain call completes too."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)

@@ -20,6 +20,7 @@ from nfsrdma.transport.rdma.requester import RdmaErrorReply
 from nfsrdma.xdr.gen import nfs4
 from nfsrdma.xdr.gen import rpcrdma as x
 from nfsrdma.xdr.runtime import U32, Buffer
+from tests.unit.rdma.helpers import Patchable
 from tests.unit.rdma.test_rpc_rdma import P_BLOB, P_READLINK, PROG, VERS, rig
 from tests.unit.rdma.test_rtrext_continuation import blob_call, granted, long_reply
 
@@ -142,7 +143,7 @@ def _decoded(conn: RdmaConnection) -> list[x.optrept_err]:
 async def test_rt18_rt19_each_code_is_reported_decoded_and_the_rpc_completes_over_v1(
     name: str, how: Callable[[Group], Group], code: int, detail: object
 ) -> None:
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)
@@ -174,7 +175,7 @@ async def test_rt18_rt19_a_broken_reply_is_reported_and_resent_in_the_reply_chun
     (REPTERR, BADSEQ about the reply) and waits; the responder decodes the report and resends
     the reply with plain v1, in the Reply chunk the call offered (RT-19); the RPC completes
     with the right result and both keep serving."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)
@@ -200,7 +201,7 @@ async def test_rt19_a_broken_reply_without_a_reply_chunk_fails_its_rpc_with_err_
     """The same fault when the call offered no Reply chunk (the reply fits the receives it
     reserved): plain v1 cannot carry the reply, so the responder answers RDMA_ERROR /
     ERR_CHUNK and the RPC fails at once, cleanly, instead of timing out; both serve on."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)
@@ -232,7 +233,7 @@ def test_rt19_the_reply_keeper_is_bounded_and_resends_once() -> None:
 async def test_rt12_a_table_1_violation_in_a_request_is_err_chunk() -> None:
     """TOOSHORT is an answer to a reply direction: in a request's items the responder refuses
     the header as a whole (RDMA_ERROR / ERR_CHUNK, not REPTERR), and serves on."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)
@@ -327,7 +328,7 @@ async def test_rt20_padding_in_continued_transmissions_is_zero() -> None:
     """A call whose XDR has padding (an opaque of 10,001 octets) crosses as several Sends: the
     transmissions, captured as posted, carry exactly header plus payload, and the 3 octets of
     padding after the opaque are zero (the send buffers were used before for other data)."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         client = r.client
         assert client is not None and r.rpc is not None
         await granted(r)

@@ -22,6 +22,7 @@ from nfsrdma.transport.rdma.marshal import CallPlan, ReadExposure
 from nfsrdma.transport.rdma.rtrext_tbsn import plan_tbsn_call
 from nfsrdma.xdr.gen import rpcrdma as x
 from nfsrdma.xdr.runtime import Buffer
+from tests.unit.rdma.helpers import Patchable
 from tests.unit.rdma.test_rpc_rdma import Rig, call_write, rig
 from tests.unit.rdma.test_rtrext_continuation import explicit_rdma, granted
 from tests.unit.rdma.test_rtrext_errors import _corrupt_next, _decoded, _head, _rebuild, _req
@@ -183,7 +184,7 @@ async def test_rt18_rt19_a_bad_tbsn_item_is_reported_and_the_write_completes_ove
     code: int,
     detail: tuple[int, int, int] | None,
 ) -> None:
-    async with rig(TBSN, TBSN) as r:
+    async with rig(TBSN, TBSN, connection=Patchable) as r:
         client = r.client
         assert client is not None
         await granted(r)
@@ -242,7 +243,7 @@ async def test_rt8_tbsn_credits_are_never_overrun_and_come_back() -> None:
 async def test_rt20_padding_around_placed_data_is_zero() -> None:
     """The send buffers hold old data; a placed WRITE's transmissions, captured as posted,
     have zeros from the payload's end to the first segment's end and after a short segment."""
-    async with rig(TBSN, TBSN) as r:
+    async with rig(TBSN, TBSN, connection=Patchable) as r:
         client = r.client
         assert client is not None
         await granted(r)

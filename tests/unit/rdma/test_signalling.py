@@ -17,7 +17,6 @@ from nfsrdma.transport.rdma.calls import Scratch
 from nfsrdma.transport.rdma.endpoint import RdmaConnection, RdmaOptions
 from nfsrdma.transport.rdma.inproc import call_read
 from nfsrdma.transport.rdma.inproc_qp import InprocConnection
-from nfsrdma.transport.rdma.pool import PooledBuffer
 from nfsrdma.transport.rdma.provider import (
     Completion,
     ConnectionEvent,
@@ -25,6 +24,7 @@ from nfsrdma.transport.rdma.provider import (
     RdmaWriteRequest,
 )
 from nfsrdma.transport.rdma.sendqueue import SendQueue
+from tests.unit.rdma.helpers import Patchable
 from tests.unit.rdma.test_rpc_rdma import P_READ, PROG, VERS, Rig, call_write, closed, rig
 
 N = 32
@@ -96,21 +96,30 @@ async def test_a_reply_costs_one_post_and_rarely_a_completion(op: str) -> None:
 
 
 async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
+    """A send buffer or RDMA Write source goes out again only once a completion of its work
+    request, or of a later one, has been delivered (send queue completions come in posting
+    order). Watched at the queue pair, which both builds call: what each posted work request
+    reads, and which completions the connection has been given."""
     async with rig(SELECTIVE) as r:
         await _null(r)
         conn, qp = _server(r)
         order: list[int] = []  # server send queue work requests, in posting order
-        where: dict[int, list[int]] = {}  # wr_id -> the addresses it reads
+        where: dict[int, set[int]] = {}  # wr_id -> the addresses it reads
         done = -1  # posting index of the latest send queue completion delivered
-        released: list[tuple[int, int]] = []  # (posting index of the buffer's use, done then)
-        post_send, on_event = qp.post_send, conn._on_event
+        early: list[tuple[int, int, int]] = []  # (use, reuse, done then): reused uncovered
+        reused = 0  # posts reading an address that an earlier, covered one read
+        post_send, on_event = qp.post_send, qp._on_event
 
         def spy_post(wr_id: int, sges: Any, **kw: Any) -> None:
-            for w in kw.get("writes", ()):
-                order.append(w.wr_id)
-                where[w.wr_id] = [s.addr for s in w.sges]
-            order.append(wr_id)
-            where[wr_id] = [s.addr for s in sges]
+            nonlocal reused
+            posted = [(w.wr_id, w.sges) for w in kw.get("writes", ())] + [(wr_id, sges)]
+            for wr, elements in posted:
+                addrs = {s.addr for s in elements}
+                uses = [i for i, old in enumerate(order) if where[old] & addrs]
+                early.extend((use, len(order), done) for use in uses if use > done)
+                reused += bool(uses)
+                order.append(wr)
+                where[wr] = addrs
             post_send(wr_id, sges, **kw)
 
         def spy_event(ev: ConnectionEvent) -> None:
@@ -119,27 +128,14 @@ async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
                 done = max(done, order.index(ev.wr_id))
             on_event(ev)
 
-        def watch(put: Any) -> Any:
-            def spy_put(buf: PooledBuffer) -> None:
-                used = [i for i, wr in enumerate(order) if buf.addr in where[wr]]
-                if used:
-                    released.append((used[-1], done))
-                put(buf)
-
-            return spy_put
-
         qp.post_send = spy_post  # type: ignore[method-assign]
-        conn._on_event = spy_event  # type: ignore[method-assign]
+        qp._on_event = spy_event
         assert conn.data_pool is not None
-        conn.send_pool.put = watch(conn.send_pool.put)  # type: ignore[method-assign]
-        conn.data_pool.put = watch(conn.data_pool.put)  # type: ignore[method-assign]
         for i in range(40):
             await (_read(r) if i % 2 else _null(r))
         assert conn.stats["sends_unsignaled"] > 0
-        assert released, "no buffer came back"
-        # Each buffer came back only once a completion of it or of a later work request had
-        # been delivered (send queue completions come in posting order).
-        assert all(use <= covered for use, covered in released), released
+        assert reused, "no buffer went out again"
+        assert not early, early  # each reuse came after a completion covering the last use
         # Nothing posted unsignalled is lost: what is still held is what no completion covered.
         held = [wr for wr in order if wr in conn._wr_ctx]
         assert len(held) == conn.sq.used
@@ -147,20 +143,17 @@ async def test_buffers_are_reused_only_after_a_completion_covers_them() -> None:
 
 
 @pytest.mark.parametrize("depth", [3, 8, 17])
-async def test_the_send_queue_never_overflows_under_a_burst_at_full_credits(
-    depth: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_send_queue_never_overflows_under_a_burst_at_full_credits(depth: int) -> None:
     """Queue pairs with ``depth`` send queue slots (both sides); the client fills every credit
     with READs (an RDMA Write and a Send each) and WRITEs (an RDMA Read) at once, several
     times: the in-process provider refuses a post beyond the depth (ENOMEM), which would
     break the connection."""
-    qp_config = RdmaConnection.qp_config
 
-    def small(self: RdmaConnection) -> QueuePairConfig:
-        return dataclasses.replace(qp_config(self), max_send_wr=depth)
+    class Small(RdmaConnection):
+        def qp_config(self) -> QueuePairConfig:
+            return dataclasses.replace(super().qp_config(), max_send_wr=depth)
 
-    monkeypatch.setattr(RdmaConnection, "qp_config", small)
-    async with rig(SELECTIVE, SELECTIVE) as r:
+    async with rig(SELECTIVE, SELECTIVE, connection=Small) as r:
         conn, qp = _server(r)
         assert qp.config.max_send_wr == depth
         credits = conn.policy.grant
@@ -198,7 +191,7 @@ async def test_a_failed_unsignalled_write_of_a_reply_breaks_the_connection() -> 
     """With every Send signalled (the default) a READ reply's RDMA Write is not: when it fails
     (the client's Write chunk no longer registered), its error completion breaks the
     connection, the Send behind it is flushed, and every buffer comes back."""
-    async with rig() as r:
+    async with rig(connection=Patchable) as r:
         conn, qp = _server(r)
         await _read(r)
         client = r.client
@@ -213,14 +206,14 @@ async def test_a_failed_unsignalled_write_of_a_reply_breaks_the_connection() -> 
         client.send_call = revoke_after_send  # type: ignore[method-assign]
         writes = conn.stats["rdma_writes"]
         failed: list[Completion] = []
-        on_event = conn._on_event
+        on_event = qp._on_event
 
         def spy(ev: ConnectionEvent) -> None:
             if isinstance(ev, Completion) and not ev.ok:
                 failed.append(ev)
             on_event(ev)
 
-        conn._on_event = spy  # type: ignore[method-assign]
+        qp._on_event = spy
         with pytest.raises(ConnectionError):
             await _read(r)
         await closed(conn)
