@@ -26,6 +26,13 @@ def _vm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kernel", type=Path, default=None, help="kernel image (default: newest /boot/vmlinuz-*)"
     )
+    p.add_argument(
+        "--qemu-opts",
+        default="",
+        metavar="OPTS",
+        help="extra qemu options, one string, after vng's own (e.g. '-accel tcg,tb-size=2048'); "
+        "no devices or network",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -74,7 +81,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail("no command; usage: nfsrdma testbed run [--knfsd] [--out DIR] -- CMD...", 2)
     try:
         cfg = vm.resolve(
-            args.out, kernel=args.kernel, memory=args.memory, cpus=args.cpus, timeout_s=args.timeout
+            args.out,
+            kernel=args.kernel,
+            memory=args.memory,
+            cpus=args.cpus,
+            timeout_s=args.timeout,
+            qemu_opts=vm.parse_qemu_opts(args.qemu_opts),
         )
         return vm.run_command(cfg, command, knfsd=args.knfsd)
     except vm.TestbedError as exc:
@@ -86,7 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_shell(args: argparse.Namespace) -> int:
     try:
         cfg = vm.resolve(
-            args.out, kernel=args.kernel, memory=args.memory, cpus=args.cpus, timeout_s=None
+            args.out,
+            kernel=args.kernel,
+            memory=args.memory,
+            cpus=args.cpus,
+            timeout_s=None,
+            qemu_opts=vm.parse_qemu_opts(args.qemu_opts),
         )
         return vm.run_shell(cfg, knfsd=args.knfsd)
     except vm.TestbedError as exc:

@@ -102,6 +102,7 @@ class VmConfig:
     cpus: int = 2
     timeout_s: float | None = 1800.0
     extra_append: tuple[str, ...] = field(default_factory=tuple)
+    qemu_opts: tuple[str, ...] = field(default_factory=tuple)
 
 
 def vng_argv(cfg: VmConfig, *, exec_cmd: str | None = None, shell: Path | None = None) -> list[str]:
@@ -129,6 +130,10 @@ def vng_argv(cfg: VmConfig, *, exec_cmd: str | None = None, shell: Path | None =
         "--append",
         " ".join([KERNEL_APPEND, *cfg.extra_append]),
     ]
+    if cfg.qemu_opts:
+        # One "--qemu-opts=..." word: vng's parser would take a separate value that begins
+        # with "-" for an option of its own.
+        argv.append("--qemu-opts=" + shlex.join(cfg.qemu_opts))
     if exec_cmd is not None:
         argv += ["--exec", exec_cmd]
     elif shell is not None:
@@ -276,8 +281,32 @@ def run_vm_interactive(argv: Sequence[str]) -> int:
 # The whole thing
 
 
+# qemu options that could give the guest a network (the test bed has none): refused.
+_REFUSED_OPTS = frozenset({"-net", "-netdev", "-nic", "-device"})
+
+
+def parse_qemu_opts(text: str) -> tuple[str, ...]:
+    """Extra qemu options for experiments with the emulator (``-accel tcg,tb-size=2048``,
+    ``-cpu qemu64``); later options override vng's own. Options that add devices or a
+    network are refused."""
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise TestbedError(f"--qemu-opts: {exc}") from None
+    for w in words:
+        if w.split("=", 1)[0].replace("--", "-", 1) in _REFUSED_OPTS:
+            raise TestbedError(f"--qemu-opts: {w} could give the guest a network; refused")
+    return words
+
+
 def resolve(
-    out_dir: Path, *, kernel: Path | None, memory: str, cpus: int, timeout_s: float | None
+    out_dir: Path,
+    *,
+    kernel: Path | None,
+    memory: str,
+    cpus: int,
+    timeout_s: float | None,
+    qemu_opts: tuple[str, ...] = (),
 ) -> VmConfig:
     k = kernel or find_kernel()
     if k is None or not k.exists():
@@ -297,6 +326,7 @@ def resolve(
         memory=memory,
         cpus=cpus,
         timeout_s=timeout_s,
+        qemu_opts=qemu_opts,
     )
 
 

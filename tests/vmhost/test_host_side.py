@@ -104,6 +104,49 @@ def test_vng_argv_tcg_no_network(tmp_path: Path) -> None:
         vm.vng_argv(_cfg(tmp_path, tmp_path / "a,b"), exec_cmd="x")
 
 
+def test_vng_argv_qemu_opts_one_word_after_vngs_own(tmp_path: Path) -> None:
+    """--qemu-opts reaches vng as one ``--qemu-opts=...`` word (vng's parser would read a
+    separate value beginning with "-" as an option), before --exec; none without it."""
+    assert not any(a.startswith("--qemu-opts") for a in vm.vng_argv(_cfg(tmp_path), exec_cmd="x"))
+    opts = vm.parse_qemu_opts("-accel tcg,tb-size=2048 -cpu 'qemu64'")
+    assert opts == ("-accel", "tcg,tb-size=2048", "-cpu", "qemu64")
+    cfg = vm.VmConfig(
+        kernel=Path("/boot/vmlinuz-x"), vng="vng", out_dir=tmp_path, cwd=tmp_path, qemu_opts=opts
+    )
+    argv = vm.vng_argv(cfg, exec_cmd="x")
+    assert argv[-3:] == ["--qemu-opts=-accel tcg,tb-size=2048 -cpu qemu64", "--exec", "x"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "-netdev user,id=n0",
+        "-accel tcg -nic user",
+        "-net=nic",
+        "--device virtio-net-pci",
+        "-device e1000",
+        "-cpu 'max",  # unbalanced quote
+    ],
+)
+def test_qemu_opts_refuses_devices_network_and_bad_quoting(text: str) -> None:
+    with pytest.raises(vm.TestbedError, match="--qemu-opts"):
+        vm.parse_qemu_opts(text)
+
+
+def test_cli_qemu_opts_refused_before_boot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["testbed", "run", "--out", str(tmp_path), "--qemu-opts", "-nic user", "--", "true"]
+    )
+    assert args.func(args) == vm.EXIT_MISSING
+    assert "could give the guest a network" in capsys.readouterr().err
+
+
 def test_prepare_out_dir_wipes_only_its_own(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()
