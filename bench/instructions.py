@@ -19,6 +19,13 @@ compiled builds of one checkout::
 ``{n}`` in the command is replaced by each of ``--counts`` (default ``200,1200``). One line per
 variant: ``<name>_instr=<per operation>``; last line, every variant's figure and, with two
 variants, ``b_over_a=`` (the second's count over the first's).
+
+``--cycles`` adds callgrind's cache and branch simulation (slower) and prints, per operation,
+the first-level instruction-cache misses (``<name>_i1miss=``) and the estimate of cycles that
+KCachegrind uses, ``Ir + 10 * (L1 misses + mispredicted branches) + 100 * last-level misses``
+(``<name>_cycles=``); ``b_over_a=`` is then the cycles' ratio. The simulated caches are
+valgrind's model of the host's, not the host's own, but a build whose code no longer fits the
+instruction cache shows there, and the estimate is as load-independent as the count.
 """
 
 from __future__ import annotations
@@ -29,19 +36,26 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-_TOTALS = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
+_EVENTS = re.compile(r"^events:\s*(.+)$", re.MULTILINE)
+_TOTALS = re.compile(r"^(?:summary|totals):\s*([\d ]+)$", re.MULTILINE)
+SIMULATE = ("--cache-sim=yes", "--branch-sim=yes")
 
 
-def count(tree: Path, env: dict[str, str], command: list[str], n: int) -> int:
-    """Instructions of one run of ``command`` with ``{n}`` set to ``n``, in ``tree``."""
+def count(
+    tree: Path, env: dict[str, str], command: list[str], n: int, *, simulate: bool = False
+) -> dict[str, int]:
+    """callgrind's totals (``Ir``, and with ``simulate`` the cache and branch events) of one run
+    of ``command`` with ``{n}`` set to ``n``, in ``tree``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = [
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
+            *(SIMULATE if simulate else ()),
             str(
                 python if (python := tree / ".venv" / "bin" / "python").exists() else sys.executable
             ),
@@ -52,10 +66,25 @@ def count(tree: Path, env: dict[str, str], command: list[str], n: int) -> int:
         if done.returncode != 0:
             sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
             raise SystemExit(f"{tree}: the command failed under valgrind ({done.returncode})")
-        got = _TOTALS.search(out.read_text())
-        if got is None:
-            raise SystemExit(f"{out}: no summary line")
-        return int(got.group(1))
+        text = out.read_text()
+        events, totals = _EVENTS.search(text), _TOTALS.search(text)
+        if events is None or totals is None:
+            raise SystemExit(f"{out}: no events or summary line")
+        return dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=True))
+
+
+def per_op(
+    runs: list[dict[str, int]], counts: tuple[int, int], f: Callable[[dict[str, int]], float]
+) -> float:
+    """``f`` of the run with more operations, less ``f`` of the other, per operation."""
+    return (f(runs[1]) - f(runs[0])) / (counts[1] - counts[0])
+
+
+def cycles(ev: dict[str, int]) -> float:
+    """KCachegrind's cycle estimate from callgrind's simulated events."""
+    l1 = ev["I1mr"] + ev["D1mr"] + ev["D1mw"]
+    last = ev["ILmr"] + ev["DLmr"] + ev["DLmw"]
+    return ev["Ir"] + 10 * (l1 + ev["Bcm"] + ev["Bim"]) + 100 * last
 
 
 def variant(spec: str) -> tuple[str, Path, dict[str, str]]:
@@ -69,21 +98,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--variant", action="append", required=True, help="NAME=TREE[:ENV=V,...]")
     ap.add_argument("--counts", default="200,1200", help="the two operation counts")
+    ap.add_argument(
+        "--cycles", action="store_true", help="simulate caches and branches; estimate cycles"
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- script and its arguments")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or not any("{n}" in a for a in command):
         ap.error("the command must contain {n}, the operation count")
     low, high = (int(c) for c in args.counts.split(","))
-    figures: list[tuple[str, float]] = []
+    lines: list[str] = []
+    ratio_of: list[float] = []
     for spec in args.variant:
         name, tree, env = variant(spec)
-        per_op = (count(tree, env, command, high) - count(tree, env, command, low)) / (high - low)
-        print(f"{name}_instr={per_op:.0f}", flush=True)
-        figures.append((name, per_op))
-    line = " ".join(f"{name}_instr={v:.0f}" for name, v in figures)
-    if len(figures) == 2:
-        line += f" b_over_a={figures[1][1] / figures[0][1]:.3f}"
+        runs = [count(tree, env, command, c, simulate=args.cycles) for c in (low, high)]
+        instr = per_op(runs, (low, high), lambda ev: ev["Ir"])
+        text, figure = f"{name}_instr={instr:.0f}", instr
+        if args.cycles:
+            figure = per_op(runs, (low, high), cycles)
+            i1miss = per_op(runs, (low, high), lambda ev: ev["I1mr"])
+            text += f" {name}_i1miss={i1miss:.0f} {name}_cycles={figure:.0f}"
+        ratio_of.append(figure)
+        print(text, flush=True)
+        lines.append(text)
+    line = " ".join(lines)
+    if len(ratio_of) == 2:
+        line += f" b_over_a={ratio_of[1] / ratio_of[0]:.3f}"
     print(line)
     return 0
 
