@@ -12,19 +12,19 @@ $(PY) -m nfsrdma testbed run --knfsd --out testbed-out --timeout $(TESTBED_TIMEO
   $(PY) -m pytest -q -p no:cacheprovider -p no:hypothesispytest -m testbed tests/testbed
 endef
 
-# The hot path compiled with mypyc in place, beside its sources (setup.py; incremental after the
-# first build, a few minutes and about 2.5 GB; without a C compiler, the pure-Python build).
+# The RPC-over-RDMA path compiled with mypyc in place, beside its sources (setup.py; about a
+# minute, incremental after the first build; without a C compiler, the pure-Python build).
 BUILD_IN_PLACE = $(PY) setup.py -q build_ext --inplace
 
-# The host tests run against both builds (setup.py): the hot path compiled in place (mypyc; an
+# The host tests run against both builds (setup.py): the compiled selection in place (mypyc; an
 # incremental build after the first; nothing is compiled without a C compiler), then, if anything
 # was compiled, the pure-Python sources again (NFSRDMA_PURE=1 makes the package ignore compiled
 # modules). --tb=native: pytest's own rendering of a compiled frame's traceback fails.
 define HOST_TESTS_BOTH_BUILDS
 $(BUILD_IN_PLACE)
-$(PY) -c 'import nfsrdma.nfs4.compound, nfsrdma; print("host tests, build:", nfsrdma.build())'
+$(PY) -c 'import nfsrdma; print("host tests, build:", nfsrdma.build())'
 $(PY) -m pytest -q --tb=native tests/unit tests/fuzz
-if $(PY) -c 'import sys, nfsrdma.nfs4.compound, nfsrdma; sys.exit(not nfsrdma.build().startswith("compiled"))'; \
+if $(PY) -c 'import sys, nfsrdma; sys.exit(not nfsrdma.build().startswith("compiled"))'; \
   then NFSRDMA_PURE=1 $(PY) -m pytest -q tests/unit tests/fuzz; fi
 endef
 

@@ -33,20 +33,26 @@ class _SourceOnly:
         return None
 
 
-def _stale_compiled(here: str) -> list[str]:
-    """The compiled modules of the package in ``here`` whose source differs from what was
-    compiled (``compiled.json``, written by setup.py's build): a checkout edited since its last
-    build. Sizes and times first; a file whose time moved (an installed wheel) is compared by
-    its SHA-256."""
+def _compiled_sources(here: str) -> dict[str, list[Any]]:
+    """``compiled.json`` of the package in ``here`` (empty if there is none): each compiled
+    module's source path and its size, mtime and SHA-256 as compiled."""
     try:
         with open(os.path.join(here, "compiled.json"), "rb") as f:
             import json
 
             built: dict[str, list[Any]] = json.load(f)
     except (OSError, ValueError):
-        return []
+        return {}
+    return built
+
+
+def _stale_compiled(here: str) -> list[str]:
+    """The compiled modules of the package in ``here`` whose source differs from what was
+    compiled (``compiled.json``, written by setup.py's build): a checkout edited since its last
+    build. Sizes and times first; a file whose time moved (an installed wheel) is compared by
+    its SHA-256."""
     stale = []
-    for source, (size, mtime_ns, digest) in built.items():
+    for source, (size, mtime_ns, digest) in _compiled_sources(here).items():
         path = os.path.join(here, source)
         try:
             st = os.stat(path)
@@ -80,18 +86,21 @@ if (PURE or STALE) and _SourceOnly not in sys.meta_path:
 
 
 def build() -> str:
-    """ "compiled (mypyc: N modules)" or "pure Python": the build this process runs."""
-    import nfsrdma.xdr.runtime  # noqa: F401  (at least the XDR runtime is loaded)
+    """ "compiled (mypyc: N modules: ...)" or "pure Python": the build this process runs. The
+    modules are those of ``compiled.json`` that import as compiled code (loaded or not yet)."""
+    from importlib.util import find_spec
 
-    compiled = sorted(
-        name
-        for name, mod in list(sys.modules.items())
-        if name.startswith(__name__ + ".")
-        and not str(getattr(mod, "__file__", "") or "").endswith((".py", ".pyc"))
-        and getattr(mod, "__file__", None)
-    )
+    compiled = []
+    for source in sorted(_compiled_sources(os.path.dirname(__file__))):
+        name = __name__ + "." + source.removesuffix(".py").replace("/", ".")
+        try:
+            spec = find_spec(name)
+        except ImportError:
+            continue
+        if spec is not None and spec.origin and not spec.origin.endswith(".py"):
+            compiled.append(name)
     if compiled:
-        return f"compiled (mypyc: {len(compiled)} modules loaded: {', '.join(compiled)})"
+        return f"compiled (mypyc: {len(compiled)} modules: {', '.join(compiled)})"
     if STALE:
         return "pure Python (compiled modules older than their sources)"
     return "pure Python" + (" (NFSRDMA_PURE)" if PURE else "")

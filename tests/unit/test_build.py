@@ -60,3 +60,23 @@ def test_a_compiled_module_older_than_its_source_is_told(tmp_path: Path) -> None
     assert nfsrdma._stale_compiled(str(tmp_path)) == ["nfs4/compound.py"]
     (tmp_path / "compiled.json").write_text("{not json")
     assert nfsrdma._stale_compiled(str(tmp_path)) == []  # no readable record: nothing to tell
+
+
+def test_build_names_every_compiled_module_loaded_or_not() -> None:
+    """build() names all the modules of compiled.json that would import as compiled code, in a
+    fresh process that has loaded few or none of them (a server logs it before its first RDMA
+    connection); with no compiled module beside its source, it says pure Python."""
+    here = Path(nfsrdma.__file__).parent
+    expected = sorted(
+        "nfsrdma." + source.removesuffix(".py").replace("/", ".")
+        for source in nfsrdma._compiled_sources(str(here))
+        if any((here / source).parent.glob(Path(source).stem + ".cpython-*.so"))
+    )
+    code = "import nfsrdma; print(nfsrdma.build())"
+    env = {k: v for k, v in os.environ.items() if k != "NFSRDMA_PURE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    said = out.stdout.strip()
+    if not expected or nfsrdma._stale_compiled(str(here)):
+        assert said.startswith("pure Python")
+        return
+    assert said == f"compiled (mypyc: {len(expected)} modules: {', '.join(expected)})"
