@@ -12,8 +12,9 @@ $(PY) -m nfsrdma testbed run --knfsd --out testbed-out --timeout $(TESTBED_TIMEO
   $(PY) -m pytest -q -p no:cacheprovider -p no:hypothesispytest -m testbed tests/testbed
 endef
 
-# The RPC-over-RDMA path compiled with mypyc in place, beside its sources (setup.py; about a
-# minute, incremental after the first build; without a C compiler, the pure-Python build).
+# The server's per-request path and the RPC-over-RDMA path compiled with mypyc in place, beside
+# their sources (setup.py; about a minute, incremental after the first build; without a C
+# compiler, the pure-Python build).
 BUILD_IN_PLACE = $(PY) setup.py -q build_ext --inplace
 
 # The host tests run against both builds (setup.py): the compiled selection in place (mypyc; an

@@ -90,6 +90,35 @@ SERVER_HOT: list[str] = [
     "nfsrdma/nfs4/ops/session_ops.py",
     "nfsrdma/session/server.py",
 ]
+# The rest of a small COMPOUND's way through the server, by cProfile's own time on the pure build
+# (bench/profile_compound.py read|getattr|openclose): statistics, the OPEN/CLOSE, LOOKUP and
+# GETATTR operations, open and lock state, grace, the VFS's attribute values and open files.
+# Left out although they are on the way too:
+# - transport/tcp: compiled, a weak reference to a connection crashed the garbage collector
+#   (tests/unit/session/test_server_limits.py, a segmentation fault);
+# - rpc/server: compiled, no faster by CPU per COMPOUND (and its reference path could no
+#   longer be counted by the dispatch fast path's test);
+# - rpc/connection and vfs/local, resolver, fdcache: compiled, their classes check the types of
+#   what they are given (the VFS takes handles as bytearray or memoryview too: compiled, it
+#   raises TypeError), take no weak references, and their methods cannot be replaced on the
+#   class, which the white-box tests of the VFS's one-resolution rules do;
+# - vfs/identity: its per-thread state (a threading.local subclass with class defaults) is
+#   shared by every thread once compiled (tests/unit/vfs/test_identity.py);
+# - what mypyc cannot compile: tcp_receive's and transport/base's exception classes derive
+#   from ConnectionError, confine's Checked from set, slots's dataclasses are generic.
+SERVER_PATH: list[str] = [
+    f"nfsrdma/{m}.py"
+    for m in (
+        "stats/core",
+        "nfs4/ops/open_close",
+        "nfs4/ops/lookup",
+        "nfs4/ops/attributes",
+        "nfs4/state",
+        "nfs4/grace",
+        "vfs/attrs",
+        "vfs/openfile",
+    )
+]
 # The RPC-over-RDMA transport's per-message code, both directions.
 RDMA_HOT: list[str] = [
     f"nfsrdma/transport/rdma/{m}.py"
@@ -110,23 +139,28 @@ RDMA_HOT: list[str] = [
         "sendqueue",
     )
 ]
-# ``NFSRDMA_COMPILE`` picks a selection at build time: ``rdma`` (the default), ``hot``
-# (everything above), ``candidates`` or ``server`` (to measure a part alone), ``none``.
-# Why only the RDMA path by default: with callgrind's cache model
-# (``bench/instructions.py --cycles``), compiling the codecs and the COMPOUND path saves 9 % of
-# a READ COMPOUND's instructions and adds 48 % of instruction-cache misses (estimated cycles
-# 296k against 298k pure; OPEN/CLOSE 250k against 251k); their code is 8.2 of the 9.5 MB of
-# ``hot``'s functions, takes most of its build (minutes, 2.5 GB) and runs slower than the
-# interpreter under the test bed's emulation. The RDMA path alone gives what ``hot`` gives
-# there (an RDMA READ message: 154k estimated cycles against 238k pure, 155k with ``hot``).
+# ``NFSRDMA_COMPILE`` picks a selection at build time: ``server`` (the default: the server's
+# per-request path above and the RDMA path), ``hot`` (that and the codecs), ``rdma``,
+# ``compound`` or ``candidates`` (to measure a part alone), ``none``.
+# Why this default (docs/performance.md, "The server's path compiled, the codecs not"): on a
+# quiet host, by CPU per COMPOUND (bench/server_cpu.py, builds alternated), it takes READ to
+# 11.3, GETATTR to 12.9 and OPEN/CLOSE to 28.2 µs, against 15.9, 18.4 and 39.2 pure and 12.1,
+# 13.2 and 33.6 for the codecs, the COMPOUND path and the RDMA path compiled (without
+# SERVER_PATH). The codecs compiled are no faster, even beside compiled readers
+# (bench/xdr_codec.py gives the same ratio to xdrlib3 on every build); they are 8.2 of the
+# 9.5 MB of ``hot``'s functions, most of its build (minutes, 2.5 GB), and slower than the
+# interpreter under the test bed's emulation. (Callgrind's cache model,
+# ``bench/instructions.py --cycles``, scored the COMPOUND path compiled at no gain: measured
+# CPU time says otherwise.)
 _SELECTIONS: dict[str, list[str]] = {
-    "hot": [*CANDIDATES, *SERVER_HOT, *RDMA_HOT],
+    "server": [*SERVER_HOT, *SERVER_PATH, *RDMA_HOT],
+    "hot": [*CANDIDATES, *SERVER_HOT, *SERVER_PATH, *RDMA_HOT],
     "candidates": CANDIDATES,
-    "server": SERVER_HOT,
+    "compound": SERVER_HOT,
     "rdma": RDMA_HOT,
     "none": [],
 }
-_SELECTION = os.environ.get("NFSRDMA_COMPILE", "") or "rdma"
+_SELECTION = os.environ.get("NFSRDMA_COMPILE", "") or "server"
 if _SELECTION not in _SELECTIONS:
     sys.exit(f"NFSRDMA_COMPILE={_SELECTION}: one of {', '.join(_SELECTIONS)}")
 COMPILED: list[str] = _SELECTIONS[_SELECTION]

@@ -665,7 +665,7 @@ def _short(resop: nfs4.nfs_resop4) -> str:
 
 
 # The spies below replace methods of ``_Run`` and ``ServerSessions`` on the class: in the
-# compiled build (NFSRDMA_COMPILE=hot) those are native classes whose callers call the methods
+# compiled build (the default) those are native classes whose callers call the methods
 # directly, so a spy there sees nothing. Those tests run on the pure build only.
 _SPIES_SEE_CALLS = pytest.mark.skipif(
     not str(compound_module.__file__).endswith(".py"),
