@@ -92,16 +92,17 @@ SERVER_HOT: list[str] = [
 ]
 # The rest of a small COMPOUND's way through the server, by cProfile's own time on the pure build
 # (bench/profile_compound.py read|getattr|openclose): statistics, the OPEN/CLOSE, LOOKUP and
-# GETATTR operations, open and lock state, grace, the VFS's attribute values and open files.
+# GETATTR operations, open and lock state, grace, the VFS's attribute values and open files,
+# the local VFS with its resolver and descriptor cache, and the RPC connection. Compiled, a
+# class checks the types it is given (a file handle is bytes: another type is a TypeError on
+# both builds, vfs/resolver.py), takes no weak reference (the tests watch an RPC connection
+# through what its context holds) and has methods a spy cannot replace (the VFS's
+# one-resolution tests run on the pure build, tests/unit/vfs/conftest.py).
 # Left out although they are on the way too:
 # - transport/tcp: compiled, a weak reference to a connection crashed the garbage collector
 #   (tests/unit/session/test_server_limits.py, a segmentation fault);
 # - rpc/server: compiled, no faster by CPU per COMPOUND (and its reference path could no
 #   longer be counted by the dispatch fast path's test);
-# - rpc/connection and vfs/local, resolver, fdcache: compiled, their classes check the types of
-#   what they are given (the VFS takes handles as bytearray or memoryview too: compiled, it
-#   raises TypeError), take no weak references, and their methods cannot be replaced on the
-#   class, which the white-box tests of the VFS's one-resolution rules do;
 # - vfs/identity: its per-thread state (a threading.local subclass with class defaults) is
 #   shared by every thread once compiled (tests/unit/vfs/test_identity.py);
 # - what mypyc cannot compile: tcp_receive's and transport/base's exception classes derive
@@ -117,6 +118,10 @@ SERVER_PATH: list[str] = [
         "nfs4/grace",
         "vfs/attrs",
         "vfs/openfile",
+        "vfs/local",
+        "vfs/resolver",
+        "vfs/fdcache",
+        "rpc/connection",
     )
 ]
 # The RPC-over-RDMA transport's per-message code, both directions.
@@ -142,13 +147,11 @@ RDMA_HOT: list[str] = [
 # ``NFSRDMA_COMPILE`` picks a selection at build time: ``server`` (the default: the server's
 # per-request path above and the RDMA path), ``hot`` (that and the codecs), ``rdma``,
 # ``compound`` or ``candidates`` (to measure a part alone), ``none``.
-# Why this default (docs/performance.md, "The server's path compiled, the codecs not"): on a
-# quiet host, by CPU per COMPOUND (bench/server_cpu.py, builds alternated), it takes READ to
-# 11.3, GETATTR to 12.9 and OPEN/CLOSE to 28.2 µs, against 15.9, 18.4 and 39.2 pure and 12.1,
-# 13.2 and 33.6 for the codecs, the COMPOUND path and the RDMA path compiled (without
-# SERVER_PATH). The codecs compiled are no faster, even beside compiled readers
-# (bench/xdr_codec.py gives the same ratio to xdrlib3 on every build); they are 8.2 of the
-# 9.5 MB of ``hot``'s functions, most of its build (minutes, 2.5 GB), and slower than the
+# Why this default (docs/performance.md, "The server's path compiled, the codecs not", and the
+# sections after it, with the figures): by CPU per COMPOUND on a quiet host (bench/server_cpu.py,
+# builds alternated), it is the fastest selection measured. The codecs compiled are no faster,
+# even beside compiled readers (bench/xdr_codec.py gives the same ratio to xdrlib3 on every
+# build); they are most of ``hot``'s code and build (minutes, 2.5 GB), and slower than the
 # interpreter under the test bed's emulation. (Callgrind's cache model,
 # ``bench/instructions.py --cycles``, scored the COMPOUND path compiled at no gain: measured
 # CPU time says otherwise.)

@@ -23,8 +23,8 @@ root (as ``nfsbench.py --root-squash``).
 Figures are process CPU microseconds per COMPOUND, median of ``--repeat`` measures (robust on a
 shared machine). Then ``--rss-count`` (10^5) more READ COMPOUNDs run and the resident set size
 is printed before and after (``rss_growth_kib``: it must stay flat: reply cache and pools are
-bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=… build=…
-move_watch=on|off meta_us=… meta_handoffs=… protected=0|1`` (whether the export's file system is watched for moves, so that PUTFH's
+bounded). Last line: ``read_us=… getattr_us=… openclose_us=… rss_kib=… rss_growth_kib=…
+build=pure|compiled:N (N modules compiled: which selection of setup.py) move_watch=on|off meta_us=… meta_handoffs=… protected=0|1`` (whether the export's file system is watched for moves, so that PUTFH's
 confinement check is saved across COMPOUNDs: vfs/confine.py; ``--no-move-watch`` turns it
 off; ``--dir`` puts the temporary export elsewhere, e.g. on a file system of its own, where
 other processes' renames do not end the watch's epochs).
@@ -544,7 +544,8 @@ async def _measure(bench: Bench, args: argparse.Namespace) -> int:
     if served.last_status() != OK:
         raise RuntimeError("READ failed during the RSS run")
     print(f"RSS after {args.rss_count} COMPOUNDs: {end} KiB (after warm-up {start} KiB)")
-    build = "compiled" if nfsrdma.build().startswith("compiled") else "pure"
+    compiled = nfsrdma.compiled_modules()  # (how many: which selection, setup.py)
+    build = f"compiled:{len(compiled)}" if compiled else "pure"
     watched = "on" if bench.vfs._res.watched else "off"
     print(
         " ".join(f"{k}={v:.2f}" for k, v in figures.items())

@@ -85,9 +85,9 @@ if (PURE or STALE) and _SourceOnly not in sys.meta_path:
     sys.meta_path.insert(0, _SourceOnly)
 
 
-def build() -> str:
-    """ "compiled (mypyc: N modules: ...)" or "pure Python": the build this process runs. The
-    modules are those of ``compiled.json`` that import as compiled code (loaded or not yet)."""
+def compiled_modules() -> list[str]:
+    """The modules of ``compiled.json`` that import as compiled code (loaded or not yet), by
+    name; empty in the pure build."""
     from importlib.util import find_spec
 
     compiled = []
@@ -99,6 +99,13 @@ def build() -> str:
             continue
         if spec is not None and spec.origin and not spec.origin.endswith(".py"):
             compiled.append(name)
+    return compiled
+
+
+def build() -> str:
+    """ "compiled (mypyc: N modules: ...)" or "pure Python": the build this process runs
+    (:func:`compiled_modules`)."""
+    compiled = compiled_modules()
     if compiled:
         return f"compiled (mypyc: {len(compiled)} modules: {', '.join(compiled)})"
     if STALE:

@@ -9,7 +9,9 @@ Conventions
 * **File handles** are opaque ``bytes`` of at most :data:`NFS4_FHSIZE` (128) octets. A backend
   authenticates them: a forged, truncated or foreign handle raises :class:`BadHandle`; a handle of
   an object that no longer exists (or is no longer reachable inside the export) raises
-  :class:`StaleHandle`.
+  :class:`StaleHandle`. A handle of another type (``bytearray``, ``memoryview``, ``str``) is the
+  caller's error (the local VFS raises ``TypeError``); the XDR decoder makes ``bytes`` of every
+  opaque.
 * **Names** are single path components, ``bytes`` (a ``str`` is accepted and encoded with
   :func:`os.fsencode`). ``b""``, ``b"."``, ``b".."`` and names containing ``b"/"`` or NUL raise
   ``OSError(EINVAL)``; names longer than 255 octets raise ``OSError(ENAMETOOLONG)``.

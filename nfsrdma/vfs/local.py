@@ -1049,18 +1049,18 @@ class LocalVfs(Vfs):
                 kpin, kst = known
                 try:
                     token = self._unlink(pin, bname, stat.S_ISDIR(kst.st_mode))
-                    if token is None:
-                        continue  # replaced by another type meanwhile
-                    self._changes.bump(pin.fileid)
-                    # A directory has one name; a file with one link had one (a link made
-                    # meanwhile: its handle is resolved again, by the kernel's handle)
-                    one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
-                    gone = kst.st_ino if one else -1
-                    fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
-                    self._res.removed(token, fh, True)
-                    return
+                    if token is not None:  # (None: replaced by another type meanwhile)
+                        self._changes.bump(pin.fileid)
+                        # A directory has one name; a file with one link had one (a link
+                        # made meanwhile: its handle is resolved again, by the kernel's)
+                        one = stat.S_ISDIR(kst.st_mode) or kst.st_nlink == 1
+                        gone = kst.st_ino if one else -1
+                        fh = self._after_unlink(kpin.fd, pin.key, bname, kpin.key, gone)
+                        self._res.removed(token, fh, True)
+                        return
                 finally:
                     kpin.release()
+                continue
             try:
                 vfd = open_component(pin.fd, bname)
             except FileNotFoundError:
@@ -1068,11 +1068,10 @@ class LocalVfs(Vfs):
                 raise
             try:
                 token = self._unlink(pin, bname, stat.S_ISDIR(os.fstat(vfd).st_mode))
-                if token is None:
-                    continue  # replaced by another type meanwhile
-                self._changes.bump(pin.fileid)
-                self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
-                return
+                if token is not None:  # (None: replaced by another type meanwhile)
+                    self._changes.bump(pin.fileid)
+                    self._res.removed(token, self._after_unlink(vfd, pin.key, bname), True)
+                    return
             finally:
                 os.close(vfd)
         raise OSError(errno.EAGAIN, "name keeps changing type")

@@ -94,7 +94,7 @@ from collections import OrderedDict
 from typing import Final, Literal
 
 from nfsrdma.vfs import confine, syscalls
-from nfsrdma.vfs.base import BadHandle, StaleHandle
+from nfsrdma.vfs.base import StaleHandle
 from nfsrdma.vfs.confine import MOVES, WINDOW, open_component
 from nfsrdma.vfs.fdcache import FdCache, Pin
 from nfsrdma.vfs.handles import NO_KERNEL_HANDLE, HandleCodec
@@ -238,10 +238,8 @@ class Resolver:
         """The object of ``fh``, pinned in the descriptor cache (resolved on a miss), checked to
         be inside the export now (StaleHandle otherwise)."""
         self.stat_memo = None  # (kept for the next resolution only: this one)
-        if not isinstance(fh, bytes):
-            if not isinstance(fh, bytearray | memoryview):
-                raise BadHandle("handle must be bytes")
-            fh = bytes(fh)
+        if not isinstance(fh, bytes):  # (the compiled build's own check says the same)
+            raise TypeError(f"bytes object expected; got {type(fh).__name__}")
         if self._orphans:
             orphan = self._pin_orphan(fh)
             if orphan is not None:

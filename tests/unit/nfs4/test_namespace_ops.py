@@ -28,10 +28,11 @@ from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.auth import Credential
+from nfsrdma.rpc.connection import RpcConnection
 from nfsrdma.server import NFSServer
 from nfsrdma.session.client import ClientSession
 from nfsrdma.session.client_setup import SessionOptions
-from nfsrdma.transport.tcp import connect_tcp
+from nfsrdma.transport.tcp import TcpConnection, connect_tcp
 from nfsrdma.vfs import Cred, Export, LocalVfs
 from nfsrdma.xdr.gen import nfs4, rpc
 from nfsrdma.xdr.nfs4_fattr import MASKS
@@ -71,7 +72,7 @@ class Server:
             server=self.state,
             cred=cred,
             principal=Credential(rpc.AUTH_SYS, cred.uid, cred.gid, cred.gids),
-            conn=cast(Any, None),
+            conn=RpcConnection(TcpConnection("test:0")),
             now=0.0,
         )
 

@@ -32,6 +32,8 @@ from nfsrdma.nfs4.state import (
     next_seqid,
 )
 from nfsrdma.nfs4.state_locks import READ, TO_EOF, WRITE, LockRange
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.transport.tcp import TcpConnection
 from nfsrdma.vfs import Cred, Export, LocalVfs
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
@@ -391,7 +393,7 @@ def test_check_setattr_size(sm: StateManager, vfs: LocalVfs) -> None:
         server=None,  # type: ignore[arg-type]
         cred=ROOT,
         principal=None,  # type: ignore[arg-type]
-        conn=None,  # type: ignore[arg-type]
+        conn=RpcConnection(TcpConnection("test:0")),
         now=0.0,
         session=SimpleNamespace(clientid=A),  # type: ignore[arg-type]
     )

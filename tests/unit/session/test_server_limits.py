@@ -107,6 +107,10 @@ def close_all(streams: list[Stream]) -> None:
 
 
 # -- hole 2: fragment overhead -------------------------------------------------------------
+class _Owned:
+    """Something an RPC connection's context holds, to be weakly referenced."""
+
+
 async def test_empty_fragment_flood_is_cut_off_and_released(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -117,8 +121,12 @@ async def test_empty_fragment_flood_is_cut_off_and_released(
         await null_round_trip(attacker)  # the server has it now
         host, port = attacker[1].get_extra_info("sockname")[:2]
         victim = next(r for r in server.connections if r.peer == f"{host}:{port}")
-        conn_ref, rpc_ref = weakref.ref(victim.conn), weakref.ref(victim)
-        del victim
+        # The RPC connection is watched through an object only its context holds (a compiled
+        # RpcConnection takes no weak reference): the object goes when the connection goes.
+        owned = _Owned()
+        victim.context["test.owned"] = owned
+        conn_ref, rpc_ref = weakref.ref(victim.conn), weakref.ref(owned)
+        del victim, owned
         with contextlib.suppress(ConnectionError):
             # 4 MB of empty, non-final fragment marks (today: all kept, never cut off).
             for _ in range(100):

@@ -12,13 +12,20 @@ from typing import Any
 
 import pytest
 
-from nfsrdma.vfs import Cred, Export, LocalVfs
+from nfsrdma.vfs import Cred, Export, LocalVfs, resolver
 
 ROOT = Cred(0, 0, ())
 U1000 = Cred(1000, 1000, ())
 U1001 = Cred(1001, 1001, ())
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")
+# Spies that replace a method of the resolver or its descriptor cache see its callers' calls
+# only in the pure build: compiled, those are native classes whose callers call the methods
+# directly (and an instance's methods cannot be replaced). Those tests run on the pure build.
+spies_see_resolution = pytest.mark.skipif(
+    not str(resolver.__file__).endswith(".py"),
+    reason="compiled vfs/resolver.py: native methods cannot be spied on",
+)
 
 MakeVfs = Callable[..., LocalVfs]
 

@@ -110,8 +110,19 @@ def test_forged_truncated_and_foreign_handles(make_vfs: MakeVfs, tmp_path: Path,
             vfs.lookup(ROOT, h, b"f")
         with pytest.raises(BadHandle):
             vfs.open(ROOT, h, read=True, write=False)
-    with pytest.raises(BadHandle):
-        vfs.getattr("not bytes")  # type: ignore[arg-type]
+    # A handle is bytes (the wire's decoder makes nothing else): any other type is the
+    # caller's error, a TypeError on both builds (the compiled one checks at the call).
+    for wrong in ("not bytes", bytearray(vfs.root_handle()), memoryview(vfs.root_handle())):
+        with pytest.raises(TypeError):
+            vfs.getattr(wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            vfs.lookup(ROOT, wrong, b"f")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            vfs.open(ROOT, wrong, read=True, write=False)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            vfs.create(ROOT, wrong, b"new", FileType.NF4DIR, 0o755)  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError):
+        vfs.lookup(ROOT, root, b"new")  # nothing was made
 
 
 @needs_root
@@ -311,18 +322,18 @@ def test_export_options_are_plain_values(export_dir: Path, state_dir: Path) -> N
 @needs_root
 def test_cache_mode_resolves_handles_from_every_source(make_vfs: MakeVfs) -> None:
     """Handles from LOOKUP, READDIR, CREATE, OPEN-create and LOOKUPP stay resolvable after
-    eviction from a 1-entry descriptor cache; bytearray/memoryview handles are accepted."""
+    eviction from a 1-entry descriptor cache."""
     vfs = make_vfs(root_squash=False, handle_mode="cache", fd_cache_size=1)
     root = vfs.root_handle()
-    d = vfs.create(ROOT, bytearray(root), b"d", FileType.NF4DIR, 0o755)  # type: ignore[arg-type]
-    sub = vfs.create(ROOT, memoryview(d), b"sub", FileType.NF4DIR, 0o755)  # type: ignore[arg-type]
+    d = vfs.create(ROOT, root, b"d", FileType.NF4DIR, 0o755)
+    sub = vfs.create(ROOT, d, b"sub", FileType.NF4DIR, 0o755)
     f, of, _ = vfs.create_file(ROOT, sub, b"f", 0o644)
     of.close()
     vfs.create(ROOT, root, b"other", FileType.NF4DIR, 0o755)
     from_readdir = {e.name: e.fh for e in vfs.readdir(ROOT, sub).entries}
     for h, kind in ((d, FileType.NF4DIR), (sub, FileType.NF4DIR), (f, FileType.NF4REG)):
         vfs.lookup(ROOT, root, b"other")  # evict
-        assert vfs.getattr(bytearray(h)).type == kind  # type: ignore[arg-type]
+        assert vfs.getattr(h).type == kind
     assert from_readdir[b"f"] == f
     assert vfs.lookupp(ROOT, sub) == d
 

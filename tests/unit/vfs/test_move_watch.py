@@ -18,7 +18,7 @@ import pytest
 
 from nfsrdma.vfs import LocalVfs, StaleHandle, confine
 
-from .conftest import ROOT, MakeVfs, needs_root
+from .conftest import ROOT, MakeVfs, needs_root, spies_see_resolution
 
 pytestmark = needs_root
 MODES = [
@@ -165,6 +165,7 @@ def test_a_watch_that_failed_trusts_nothing(
         confine.MOVES.lost = False
 
 
+@spies_see_resolution
 def test_a_trusted_check_pins_nothing_and_a_dropped_descriptor_is_resolved_again(
     make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch, readlinks: Any
 ) -> None:

@@ -22,7 +22,7 @@ import pytest
 from nfsrdma.vfs import CreateMode, FileType, LocalVfs, StaleHandle, Vfs, confine
 from nfsrdma.vfs.resolver import Resolver
 
-from .conftest import ROOT, U1000, MakeVfs, needs_root
+from .conftest import ROOT, U1000, MakeVfs, needs_root, spies_see_resolution
 from .test_meta_syscalls import Calls
 
 pytestmark = needs_root
@@ -102,6 +102,7 @@ def test_a_removed_directory_is_stale_before_its_name_is_asked(
     assert _both(vfs, d, b"missing") == (StaleHandle, StaleHandle)
 
 
+@spies_see_resolution
 def test_one_resolution_of_the_directory_and_none_of_the_object(
     make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -278,6 +279,7 @@ def test_create_changed_on_a_read_only_export(make_vfs: MakeVfs, export_dir: Pat
     assert not (export_dir / "x").exists()
 
 
+@spies_see_resolution
 def test_create_changed_resolves_the_directory_once_and_keeps_the_new_stat(
     make_vfs: MakeVfs, export_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,6 +23,8 @@ from nfsrdma.nfs4.ops import HANDLERS
 from nfsrdma.nfs4.server_state import ServerConfig, ServerState
 from nfsrdma.nfs4.state import StateManager
 from nfsrdma.rpc.auth import Credential
+from nfsrdma.rpc.connection import RpcConnection
+from nfsrdma.transport.tcp import TcpConnection
 from nfsrdma.vfs import LocalVfs
 from nfsrdma.xdr.gen import nfs4, rpc
 
@@ -59,7 +61,7 @@ def run(vfs: LocalVfs, *ops: tuple[int, Any]) -> list[int]:
         server=server,
         cred=ROOT,
         principal=Credential(rpc.AUTH_SYS, 0, 0, ()),
-        conn=cast(Any, None),
+        conn=RpcConnection(TcpConnection("test:0")),
         now=0.0,
     )
     out: list[int] = []
