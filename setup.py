@@ -106,7 +106,10 @@ SERVER_HOT: list[str] = [
 # - vfs/identity: its per-thread state (a threading.local subclass with class defaults) is
 #   shared by every thread once compiled (tests/unit/vfs/test_identity.py);
 # - what mypyc cannot compile: tcp_receive's and transport/base's exception classes derive
-#   from ConnectionError, confine's Checked from set, slots's dataclasses are generic.
+#   from ConnectionError, confine's Checked from set, slots's dataclasses are generic. Beyond
+#   that, tcp_receive reuses a buffer once sys.getrefcount says nothing else holds it, and
+#   confine's check window is a threading.local as identity's state is: compiled, neither is
+#   known to keep its meaning.
 SERVER_PATH: list[str] = [
     f"nfsrdma/{m}.py"
     for m in (
