@@ -76,8 +76,9 @@ class ServerConfig:
     max_response_size_cached: int = 64 * 1024  # ca_maxresponsesize_cached ceiling
     max_operations: int = 64  # ca_maxoperations ceiling
     back_slots: int = 4  # back-channel slots we accept
-    io_threads: int = 8  # thread pool for large READ/WRITE/COMMIT
+    io_threads: int = 8  # thread pool for large READ/WRITE/COMMIT and long READDIRs
     large_io: int = 64 * 1024  # I/O at least this large runs in the thread pool
+    readdir_inline: int = 64  # entries a READDIR lists on the event loop; more: thread pool
     server_owner: bytes = b""  # so_major_id; default: derived from the host name
     server_scope: bytes = b""  # default: the host name
     delegations: bool = True  # grant read/write delegations (nfsrdma serve --no-delegations)

@@ -10,7 +10,8 @@
   :func:`relative_to` cuts it to a path below the export root, or says it is outside.
 * A *check window* (:func:`open_window` .. :func:`close_window`) lets one thread's run of
   operations that cannot be interleaved with anything else on that thread (one COMPOUND, while
-  it runs synchronously on the event loop) check each descriptor once: inside the window, a
+  it runs synchronously on the event loop; the part of a long READDIR that the thread pool
+  lists, one uninterrupted run on its thread) check each descriptor once: inside the window, a
   descriptor found inside the export stays so for the rest of the window (the same trust as
   between a check and the use that follows it, stretched over microseconds of one COMPOUND).
   Closing the window forgets everything it learnt; outside a window every use is checked.

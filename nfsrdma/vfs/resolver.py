@@ -64,8 +64,9 @@ export's file system is watched for moves and removals (``confine.MoveWatch``: f
 local file system, as root), a descriptor found inside is trusted in later windows until the
 watch takes in any rename, unlink or rmdir on that file system (or loses events). Every window
 polls the watch first, so a COMPOUND that starts after such a change checks again; nothing is
-trusted outside a window (the thread pool's uses are all checked). ``watch_moves=False`` turns
-this off.
+trusted outside a window (file I/O in the thread pool is checked at every use; the part of a long
+READDIR listed there is one uninterrupted run on its thread, in a window of its own).
+``watch_moves=False`` turns this off.
 
 Open files removed through this server
 --------------------------------------

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -293,6 +294,43 @@ async def test_large_io_goes_through_the_thread_pool(tmp_path: Path) -> None:
         data, eof = await c.read(fh, sid, 1 << 18, 1 << 18)
         assert data == blob[1 << 18 :] and eof
         assert threads and all(t.startswith("nfsrdma-io") for t in threads), threads
+
+
+async def test_a_long_readdir_leaves_the_loop_to_other_clients(tmp_path: Path) -> None:
+    """A READDIR of a large directory lists all but its first readdir_inline entries in the
+    thread pool: while that part is held there, another client's COMPOUND is answered (on the
+    event loop it would have to wait), and the listing is complete once let go."""
+    cfg = ServerConfig(large_io=LARGE_IO, readdir_inline=32)
+    async with served(tmp_path, clients=2, config=cfg) as (server, (a, b)):
+        assert server.state is not None
+        names = {f"n{i:03d}" for i in range(200)}
+        for n in names:
+            (tmp_path / "export" / n).write_bytes(b"")
+        loop = asyncio.get_running_loop()
+        held, release = asyncio.Event(), threading.Event()
+        real = server.state.vfs.readdir
+
+        def holding(*args: Any, **kw: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread():  # the pool's part
+                loop.call_soon_threadsafe(held.set)
+                release.wait(60)
+            return real(*args, **kw)
+
+        server.state.vfs.readdir = holding  # type: ignore[method-assign]
+        readdir = op(
+            nfs4.OP_READDIR,
+            nfs4.READDIR4args(0, bytes(8), 0, 1 << 20, bitmap_of([nfs4.FATTR4_TYPE])),
+        )
+        listing = asyncio.create_task(a.expect(OK, op(nfs4.OP_PUTROOTFH), readdir))
+        try:
+            await asyncio.wait_for(held.wait(), 20)
+            getattr_op = op(nfs4.OP_GETATTR, nfs4.GETATTR4args(bitmap_of([nfs4.FATTR4_SIZE])))
+            await asyncio.wait_for(b.expect(OK, op(nfs4.OP_PUTROOTFH), getattr_op), 20)
+            assert not listing.done()
+        finally:
+            release.set()
+        reply = (await listing).resarray[-1].value.value.reply
+        assert reply.eof and {e.name.decode() for e in reply.entries} == names
 
 
 async def test_current_stateid_in_one_compound(tmp_path: Path) -> None:
