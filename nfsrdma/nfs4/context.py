@@ -20,7 +20,8 @@ Anything else is a server bug: NFS4ERR_SERVERFAULT, logged.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar
 
 from nfsrdma.vfs.base import Cred
@@ -54,6 +55,9 @@ ANONYMOUS_STATEID = nfs4.stateid4(0, bytes(12))
 BYPASS_STATEID = nfs4.stateid4(0xFFFFFFFF, b"\xff" * 12)
 CURRENT_STATEID = nfs4.stateid4(1, bytes(12))
 INVALID_STATEID = nfs4.stateid4(0xFFFFFFFF, bytes(12))
+
+
+T = TypeVar("T")
 
 
 class CompoundContext:
@@ -138,6 +142,11 @@ class CompoundContext:
                 raise Nfs4Error(nfs4.NFS4ERR_BAD_STATEID)
             return self.current_stateid
         return sid
+
+    async def in_pool(self, job: Callable[[], T]) -> T:
+        """``job()`` in the server's thread pool (file I/O, fsync, a long READDIR), so that the
+        event loop goes on serving others meanwhile; it starts when this is awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.server.executor, job)
 
     @property
     def clientid(self) -> int:

@@ -24,13 +24,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import Final
 
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.delegation_service import check_conflicts
 from nfsrdma.nfs4.errors import status_of
 from nfsrdma.nfs4.offload import Offload
-from nfsrdma.nfs4.ops.sparse import MAX_FILE_OFFSET, offload, open_for
+from nfsrdma.nfs4.ops.io import MAX_FILE_OFFSET
+from nfsrdma.nfs4.ops.sparse import open_for
 from nfsrdma.nfs4.state import is_special
 from nfsrdma.vfs.base import Attributes, FileType, OpenFile
 from nfsrdma.xdr.gen import nfs4
@@ -123,7 +125,7 @@ async def op_copy(ctx: CompoundContext, args: nfs4.COPY4args) -> nfs4.COPY4res:
     soff, doff = args.ca_src_offset, args.ca_dst_offset
     if not asynchronous:
         with _pair(ctx, args.ca_src_stateid, args.ca_dst_stateid) as (src, dst):
-            done = await offload(ctx, lambda: _copy_some(src, dst, soff, doff, count))
+            done = await ctx.in_pool(lambda: _copy_some(src, dst, soff, doff, count))
         resok = nfs4.COPY4resok(_response(ctx, done, []), nfs4.copy_requirements4(True, True))
         return nfs4.COPY4res(nfs4.NFS4_OK, resok)
     server = ctx.server
@@ -133,7 +135,7 @@ async def op_copy(ctx: CompoundContext, args: nfs4.COPY4args) -> nfs4.COPY4res:
     dst_of = server.state_manager.io_file(ctx.clientid, dst_sid, dst_fh, write=True)
     if src_of is None or dst_of is None:  # a delegation without an open of this client
         with _pair(ctx, args.ca_src_stateid, args.ca_dst_stateid) as (s, d):
-            done = await offload(ctx, lambda: _copy_some(s, d, soff, doff, count))
+            done = await ctx.in_pool(lambda: _copy_some(s, d, soff, doff, count))
         resok = nfs4.COPY4resok(_response(ctx, done, []), nfs4.copy_requirements4(True, True))
         return nfs4.COPY4res(nfs4.NFS4_OK, resok)
     o = server.offloads.start(ctx.clientid, dst_fh, count)
@@ -152,10 +154,7 @@ async def _run(
     try:
         while o.copied < o.total and not o.cancelled:
             at, want = o.copied, min(COPY_CHUNK, o.total - o.copied)
-            loop = asyncio.get_running_loop()
-            n = await loop.run_in_executor(
-                server.executor, _copy_some, src, dst, soff + at, doff + at, want
-            )
+            n = await ctx.in_pool(partial(_copy_some, src, dst, soff + at, doff + at, want))
             o.copied += n
             if n < want:
                 break
@@ -200,5 +199,5 @@ async def op_clone(ctx: CompoundContext, args: nfs4.CLONE4args) -> nfs4.CLONE4re
     soff, doff = args.cl_src_offset, args.cl_dst_offset
     _, _, count = _ranges(ctx, soff, doff, args.cl_count)
     with _pair(ctx, args.cl_src_stateid, args.cl_dst_stateid) as (src, dst):
-        await offload(ctx, lambda: src.clone_to(dst, soff, doff, count))
+        await ctx.in_pool(lambda: src.clone_to(dst, soff, doff, count))
     return nfs4.CLONE4res(nfs4.NFS4_OK)

@@ -22,8 +22,7 @@ run). Small directories, most of them, never leave the loop.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 from nfsrdma.nfs4.attrs import (
     check_readable,
@@ -166,8 +165,4 @@ def readdir(
         finally:
             close_window()
 
-    return _in_pool(ctx, lambda: rest(listing))
-
-
-async def _in_pool(ctx: CompoundContext, job: Callable[[], nfs4.READDIR4res]) -> nfs4.READDIR4res:
-    return await asyncio.get_running_loop().run_in_executor(ctx.server.executor, job)
+    return ctx.in_pool(lambda: rest(listing))

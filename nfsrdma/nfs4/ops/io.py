@@ -12,10 +12,9 @@ is (over RPC-over-RDMA the registered buffer the RDMA Reads filled).
 
 from __future__ import annotations
 
-import asyncio
 import errno
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from collections.abc import Awaitable
+from typing import Final
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
@@ -29,13 +28,6 @@ MAX_FILE_OFFSET: Final = (1 << 63) - 1  # no file on the server can extend past 
 # ``other`` of the special stateids (RFC 8881 section 8.2.3): all zeros or all ones
 _SPECIAL_OTHERS: Final = frozenset({bytes(12), b"\xff" * 12})
 UINT64_MAX: Final = (1 << 64) - 1
-
-T = TypeVar("T")
-
-
-def _offload(ctx: CompoundContext, fn: Callable[[], T]) -> asyncio.Future[T]:
-    """``fn()`` in the server's thread pool (large I/O, fsync): the loop is not blocked."""
-    return asyncio.get_running_loop().run_in_executor(ctx.server.executor, fn)
 
 
 def _read_into(
@@ -94,11 +86,11 @@ def read_data(
         return nfs4.READ4res(nfs4.NFS4_OK, nfs4.READ4resok(True, b""))
     if of is None:
         cred, vfs = ctx.cred, server.vfs
-        return _read_result(_offload(ctx, lambda: vfs.anonymous_read(cred, fh, offset, count)))
+        return _read_result(ctx.in_pool(lambda: vfs.anonymous_read(cred, fh, offset, count)))
     inbound, conn = ctx.inbound, ctx.conn.conn  # (_sink inlined)
     sink = None if inbound is None or count <= 0 or not conn.lends else conn.lend(inbound, count)
     if count >= config.large_io:
-        return _read_result(_offload(ctx, lambda: _read_into(of, offset, count, sink)))
+        return _read_result(ctx.in_pool(lambda: _read_into(of, offset, count, sink)))
     if sink is not None:
         return _read_into(of, offset, count, sink)
     return of.read(offset, count)
@@ -132,11 +124,11 @@ def op_write(
     verifier = server.vfs.write_verifier
     if of is None:
         cred, vfs = ctx.cred, server.vfs
-        pending = _offload(ctx, lambda: vfs.anonymous_write(cred, fh, offset, data, stable))
+        pending = ctx.in_pool(lambda: vfs.anonymous_write(cred, fh, offset, data, stable))
         return _write_result(pending, committed, verifier)
     open_file = of
     if stable or size >= server.config.large_io:
-        pending = _offload(ctx, lambda: open_file.write(offset, data, stable))
+        pending = ctx.in_pool(lambda: open_file.write(offset, data, stable))
         return _write_result(pending, committed, verifier)
     count = open_file.write(offset, data, stable)
     return nfs4.WRITE4res(nfs4.NFS4_OK, nfs4.WRITE4resok(count, committed, verifier))
@@ -179,5 +171,5 @@ async def op_commit(ctx: CompoundContext, args: nfs4.COMMIT4args) -> nfs4.COMMIT
         raise Nfs4Error(nfs4.NFS4ERR_INVAL)
     server = ctx.server
     candidates = server.state_manager.open_files(fh)
-    await _offload(ctx, lambda: _commit_any(ctx, fh, candidates))
+    await ctx.in_pool(lambda: _commit_any(ctx, fh, candidates))
     return nfs4.COMMIT4res(nfs4.NFS4_OK, nfs4.COMMIT4resok(server.vfs.write_verifier))

@@ -14,24 +14,16 @@ threshold goes whole in the client's Reply chunk.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Final, TypeVar
+from collections.abc import Iterator
 
 from nfsrdma.nfs4 import grace
 from nfsrdma.nfs4.context import CompoundContext, Nfs4Error
 from nfsrdma.nfs4.delegation_service import check_conflicts
+from nfsrdma.nfs4.ops.io import MAX_FILE_OFFSET
 from nfsrdma.nfs4.state import is_special
 from nfsrdma.vfs.base import OpenFile
 from nfsrdma.xdr.gen import nfs4
-
-MAX_FILE_OFFSET: Final = (1 << 63) - 1
-T = TypeVar("T")
-
-
-def offload(ctx: CompoundContext, fn: Callable[[], T]) -> asyncio.Future[T]:
-    return asyncio.get_running_loop().run_in_executor(ctx.server.executor, fn)
 
 
 @contextlib.contextmanager
@@ -80,7 +72,7 @@ async def op_seek(ctx: CompoundContext, args: nfs4.SEEK4args) -> nfs4.SEEK4res:
                 return None, size
             return of.seek(offset, data), size
 
-        found, size = await offload(ctx, seek)
+        found, size = await ctx.in_pool(seek)
     if offset >= size:
         raise Nfs4Error(nfs4.NFS4ERR_NXIO)
     if found is None:
@@ -95,7 +87,7 @@ async def op_read_plus(ctx: CompoundContext, args: nfs4.READ_PLUS4args) -> nfs4.
     if offset > MAX_FILE_OFFSET:
         return nfs4.READ_PLUS4res(nfs4.NFS4_OK, nfs4.read_plus_res4(True, []))
     with open_for(ctx, args.rpa_stateid, fh, write=False) as of:
-        segments, eof = await offload(ctx, lambda: of.read_segments(offset, count))
+        segments, eof = await ctx.in_pool(lambda: of.read_segments(offset, count))
     contents = [
         nfs4.read_plus_content(nfs4.NFS4_CONTENT_DATA, nfs4.data4(s.offset, s.data))
         if s.data is not None
@@ -110,7 +102,7 @@ async def op_allocate(ctx: CompoundContext, args: nfs4.ALLOCATE4args) -> nfs4.AL
     _range_check(args.aa_offset, args.aa_length)
     check_conflicts(ctx, fh, write=True)  # another client's delegation is recalled (a write)
     with open_for(ctx, args.aa_stateid, fh, write=True) as of:
-        await offload(ctx, lambda: of.allocate(args.aa_offset, args.aa_length))
+        await ctx.in_pool(lambda: of.allocate(args.aa_offset, args.aa_length))
     return nfs4.ALLOCATE4res(nfs4.NFS4_OK)
 
 
@@ -119,5 +111,5 @@ async def op_deallocate(ctx: CompoundContext, args: nfs4.DEALLOCATE4args) -> nfs
     _range_check(args.da_offset, args.da_length)
     check_conflicts(ctx, fh, write=True)
     with open_for(ctx, args.da_stateid, fh, write=True) as of:
-        await offload(ctx, lambda: of.deallocate(args.da_offset, args.da_length))
+        await ctx.in_pool(lambda: of.deallocate(args.da_offset, args.da_length))
     return nfs4.DEALLOCATE4res(nfs4.NFS4_OK)
