@@ -82,16 +82,27 @@ class CephCluster:
         return "\n".join(out)
 
     def _daemon(self, name: str, *argv: str) -> None:
-        """Start a daemon (it forks; the parent returns once the daemon has initialised)."""
+        """Start a daemon (it forks; the parent returns once the daemon has initialised) and
+        note its process id from the pid file the daemon writes. A daemon killed by
+        ``kill_daemon`` leaves its pid file behind: it is removed first, so that the id noted
+        is the new daemon's (else ``stop`` would signal the dead one and leave the new one
+        running)."""
+        pidfile = self.directory / "run" / f"{name}.pid"
+        pidfile.unlink(missing_ok=True)
         with open(self.directory / "log" / f"{name}.out", "ab") as log:
             r = subprocess.run(
                 [*argv, "-c", str(self.conf)], stdout=log, stderr=log, timeout=120, check=False
             )
         if r.returncode != 0:
             raise CephClusterError(f"{name} did not start:\n{self._log_tail(name)}")
-        pidfile = self.directory / "run" / f"{name}.pid"
-        with contextlib.suppress(OSError, ValueError):
+        self._wait(f"{name}'s pid file", lambda: self._note_pid(name, pidfile), 30)
+
+    def _note_pid(self, name: str, pidfile: Path) -> bool:
+        try:
             self.pids[name] = int(pidfile.read_text())
+        except (OSError, ValueError):  # not written yet, or written in part
+            return False
+        return True
 
     def _wait(self, what: str, probe: object, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -259,6 +270,31 @@ mds data = {d}/mds.$id
             pid = self.pids.pop(name, None)
             if pid is not None:
                 _terminate(pid)
+        # An MDS told that its file system failed may respawn (re-executing itself, and
+        # daemonising again under a new process id) while it is being stopped: what is left
+        # of this cluster's daemons is found by the configuration file they were started with.
+        for _ in range(3):
+            left = self._leftovers()
+            if not left:
+                return
+            for pid in left:
+                _terminate(pid)
+        raise CephClusterError(f"daemons still running after stop: {self._leftovers()}")
+
+    def _leftovers(self) -> list[int]:
+        """The processes running with this cluster's configuration file (``-c`` path)."""
+        conf = os.fsencode(self.conf)
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
+            if conf in argv and os.path.basename(argv[0]).startswith(b"ceph-"):
+                found.append(int(entry))
+        return found
 
     def kill_daemon(self, name: str) -> None:
         """Stop one daemon (``osd.0``, ``mds.a``) abruptly, to test outages."""

@@ -48,3 +48,18 @@ async def test_mds_outage_gives_delay_then_the_workload_completes(
         if "mds.a" not in ceph_cluster.pids:
             ceph_cluster.restart_daemon("mds.a")
         server.stop()
+
+
+def test_a_stopped_cluster_leaves_no_daemon_behind_after_an_mds_restart(tmp_path: Path) -> None:
+    """A cluster of its own: its MDS killed and started again (as the test above does), then
+    the cluster stopped. ``stop`` fails the file system first, on which a restarted MDS
+    respawns under a new process id; none of the cluster's daemons may outlive ``stop``."""
+    cluster = CephCluster(tmp_path / "ceph")
+    cluster.start()
+    try:
+        cluster.kill_daemon("mds.a")
+        cluster.restart_daemon("mds.a")
+        assert sorted(cluster._leftovers()) == sorted(cluster.pids.values())
+    finally:
+        cluster.stop()
+    assert cluster._leftovers() == []
