@@ -38,6 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from instructions import variant  # NAME=TREE[:ENV=V,...], as there
+
 
 def _bridge_qemu_user() -> None:
     """Work around qemu-user's statx mount id and pwritev2 flags (see the docstring)."""
@@ -67,13 +69,6 @@ def inner(script: str, argv: list[str]) -> None:
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
-
-
-def variant(spec: str) -> tuple[str, Path, dict[str, str]]:
-    name, _, rest = spec.partition("=")
-    tree, _, envs = rest.partition(":")
-    env = dict(e.split("=", 1) for e in envs.split(",") if e)
-    return name, Path(tree or ".").resolve(), env
 
 
 def last_line(tree: Path, env: dict[str, str], qemu: str, command: list[str]) -> dict[str, float]:
