@@ -33,6 +33,12 @@ def _vm_options(p: argparse.ArgumentParser) -> None:
         help="extra qemu options, one string, after vng's own (e.g. '-accel tcg,tb-size=2048'); "
         "no devices or network",
     )
+    p.add_argument(
+        "--append",
+        default="",
+        metavar="WORDS",
+        help="extra words for the guest kernel's command line (e.g. 'pti=off')",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -87,6 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             timeout_s=args.timeout,
             qemu_opts=vm.parse_qemu_opts(args.qemu_opts),
+            extra_append=vm.parse_append(args.append),
         )
         return vm.run_command(cfg, command, knfsd=args.knfsd)
     except vm.TestbedError as exc:
@@ -104,6 +111,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             timeout_s=None,
             qemu_opts=vm.parse_qemu_opts(args.qemu_opts),
+            extra_append=vm.parse_append(args.append),
         )
         return vm.run_shell(cfg, knfsd=args.knfsd)
     except vm.TestbedError as exc:

@@ -299,6 +299,19 @@ def parse_qemu_opts(text: str) -> tuple[str, ...]:
     return words
 
 
+def parse_append(text: str) -> tuple[str, ...]:
+    """Extra words for the guest kernel's command line (``pti=off``), after the test bed's
+    own. ``init=`` and ``rdinit=`` are refused: virtme-ng's init is what starts the guest session."""
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise TestbedError(f"--append: {exc}") from None
+    for w in words:
+        if w.split("=", 1)[0] in ("init", "rdinit"):
+            raise TestbedError(f"--append: {w} would replace the test bed's init; refused")
+    return words
+
+
 def resolve(
     out_dir: Path,
     *,
@@ -307,6 +320,7 @@ def resolve(
     cpus: int,
     timeout_s: float | None,
     qemu_opts: tuple[str, ...] = (),
+    extra_append: tuple[str, ...] = (),
 ) -> VmConfig:
     k = kernel or find_kernel()
     if k is None or not k.exists():
@@ -327,6 +341,7 @@ def resolve(
         cpus=cpus,
         timeout_s=timeout_s,
         qemu_opts=qemu_opts,
+        extra_append=extra_append,
     )
 
 

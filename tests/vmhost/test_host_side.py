@@ -147,6 +147,43 @@ def test_cli_qemu_opts_refused_before_boot(
     assert "could give the guest a network" in capsys.readouterr().err
 
 
+def test_append_words_follow_the_test_beds_own(tmp_path: Path) -> None:
+    """--append adds words to the guest kernel's command line after the test bed's own
+    (kvm's modules stay blacklisted); without it the line is the test bed's alone."""
+    own = vm.vng_argv(_cfg(tmp_path), exec_cmd="x")
+    assert own[own.index("--append") + 1] == vm.KERNEL_APPEND
+    words = vm.parse_append("pti=off 'spec_store_bypass_disable=off'")
+    assert words == ("pti=off", "spec_store_bypass_disable=off")
+    cfg = vm.VmConfig(
+        kernel=Path("/boot/vmlinuz-x"),
+        vng="vng",
+        out_dir=tmp_path,
+        cwd=tmp_path,
+        extra_append=words,
+    )
+    argv = vm.vng_argv(cfg, exec_cmd="x")
+    line = argv[argv.index("--append") + 1]
+    assert line == f"{vm.KERNEL_APPEND} pti=off spec_store_bypass_disable=off"
+
+
+@pytest.mark.parametrize("text", ["init=/bin/sh", "quiet rdinit=/x", "pti='off"])
+def test_append_refuses_another_init_and_bad_quoting(text: str) -> None:
+    with pytest.raises(vm.TestbedError, match="--append"):
+        vm.parse_append(text)
+
+
+def test_cli_append_refused_before_boot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["testbed", "run", "--out", str(tmp_path), "--append", "init=/bin/sh", "--", "true"]
+    )
+    assert args.func(args) == vm.EXIT_MISSING
+    assert "would replace the test bed's init" in capsys.readouterr().err
+
+
 def test_prepare_out_dir_wipes_only_its_own(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()
