@@ -3,6 +3,10 @@ GETATTR), 32 in flight, against our server running in ANOTHER process (``nfsrdma
 temporary export, TCP over loopback), so the client's CPU (``time.process_time`` of this
 process) is separable from the server's.
 
+``--here`` runs the client in this process instead of a child (one round, the first tree being
+this one), so that ``bench/tcg_cpu.py`` can run it under qemu's emulator while the server, a
+child, runs natively.
+
 ``--tree DIR`` runs the client code of another checkout (e.g. the start point) with the same
 server (this script's tree), so A and B are compared in one run: ``--tree A --tree B`` alternates
 them ``--rounds`` times. ``--profile FILE`` writes a cProfile of one measured round of the first
@@ -13,6 +17,8 @@ The last line is ``us_per_stat=<first tree, median> [b_us_per_stat=<second> rati
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import socket
@@ -93,6 +99,20 @@ def child(tree: Path, port: int, n: int, files: int, prof: str = "") -> dict[str
     return result
 
 
+def here(port: int, n: int, files: int) -> dict[str, float]:
+    """The child's client, run in this process (its JSON line is the result)."""
+    sys.path.insert(0, str(HERE))
+    out = io.StringIO()
+    argv, sys.argv = sys.argv, ["client", str(port), str(n), str(files), ""]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(CHILD, "<client>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = argv
+    result: dict[str, float] = json.loads(out.getvalue().strip().splitlines()[-1])
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", type=Path, help="client checkout (repeat)")
@@ -100,6 +120,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default="", help="cProfile output of one round")
+    parser.add_argument("--here", action="store_true", help="the client in this process")
     args = parser.parse_args()
     trees: list[Path] = [t.resolve() for t in args.tree or [HERE]]
     with tempfile.TemporaryDirectory(prefix="bench-clientcpu-") as top:
@@ -110,6 +131,10 @@ def main() -> int:
         port = _free_port()
         server = serve(export, state, port)
         try:
+            if args.here:
+                r = here(port, args.stats, args.files)
+                print(f"us_per_stat={r['us']:.1f} stat_per_s={r['rate']:.0f}")
+                return 0
             if args.profile:
                 r = child(trees[0], port, args.stats, args.files, args.profile)
                 print(f"profiled={args.profile} us_per_stat={r['us']:.1f}")
