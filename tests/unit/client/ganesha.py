@@ -44,9 +44,9 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def _accepts(port: int) -> bool:
+def _accepts(port: int, addr: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((addr, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -59,6 +59,7 @@ class Ganesha:
     pseudo: str
     export_dir: Path | None  # the served directory (VFS only)
     proc: subprocess.Popen[bytes] | None = None
+    bind: str = "127.0.0.1"  # the address it listens on (the test bed's, for its benchmark)
 
     @property
     def max_file(self) -> int:
@@ -85,7 +86,7 @@ class Ganesha:
         conf = self.workdir / "ganesha.conf"
         conf.write_text(
             f"""
-NFS_CORE_PARAM {{ NFS_Port = {self.port}; Bind_addr = 127.0.0.1; Protocols = 4;
+NFS_CORE_PARAM {{ NFS_Port = {self.port}; Bind_addr = {self.bind}; Protocols = 4;
   Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
   Plugins_Dir = "{PLUGINS}"; }}
 NFSV4 {{ Minor_Versions = 1; Graceless = true; Lease_Lifetime = 10;
@@ -117,7 +118,7 @@ EXPORT {{ Export_Id = 1; {export} Access_Type = RW; Squash = No_Root_Squash;
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ganesha exited: {self.log_tail()}")
-            if READY in _read_from(log, seen) and _accepts(self.port):
+            if READY in _read_from(log, seen) and _accepts(self.port, self.bind):
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"ganesha did not become ready: {self.log_tail()}")
