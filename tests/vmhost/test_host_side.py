@@ -133,18 +133,25 @@ def test_qemu_opts_refuses_devices_network_and_bad_quoting(text: str) -> None:
         vm.parse_qemu_opts(text)
 
 
-def test_cli_qemu_opts_refused_before_boot(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--qemu-opts", "-nic user", "could give the guest a network"),
+        ("--append", "init=/bin/sh", "would replace the test bed's init"),
+    ],
+)
+def test_cli_options_refused_before_boot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, said: str
 ) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     args = parser.parse_args(
-        ["testbed", "run", "--out", str(tmp_path), "--qemu-opts", "-nic user", "--", "true"]
+        ["testbed", "run", "--out", str(tmp_path), option, value, "--", "true"]
     )
     assert args.func(args) == vm.EXIT_MISSING
-    assert "could give the guest a network" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
 
 
 def test_append_words_follow_the_test_beds_own(tmp_path: Path) -> None:
@@ -170,18 +177,6 @@ def test_append_words_follow_the_test_beds_own(tmp_path: Path) -> None:
 def test_append_refuses_another_init_and_bad_quoting(text: str) -> None:
     with pytest.raises(vm.TestbedError, match="--append"):
         vm.parse_append(text)
-
-
-def test_cli_append_refused_before_boot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
-    args = parser.parse_args(
-        ["testbed", "run", "--out", str(tmp_path), "--append", "init=/bin/sh", "--", "true"]
-    )
-    assert args.func(args) == vm.EXIT_MISSING
-    assert "would replace the test bed's init" in capsys.readouterr().err
 
 
 def test_prepare_out_dir_wipes_only_its_own(tmp_path: Path) -> None:
